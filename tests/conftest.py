@@ -1,0 +1,43 @@
+"""Shared fixtures: one real tritonserver per test session, on free ports.
+
+Starting a vLLM stub costs ~50 s on two cores, so every end-to-end test shares the
+server started here; it loads every model in ``model_repository/`` that can run on
+this machine. Tests marked ``last`` (shutdown checks) run after all others.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tritonforge.launcher import TritonServer, free_port
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+
+
+def _distinct_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
+    """The real server with all runnable models loaded; its log is kept on failure."""
+    http, grpc, metrics = _distinct_ports(3)
+    log = Path(os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log"))
+    server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_path=log)
+    server.start()
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        pytest.fail(f"tritonserver did not become ready:\n{tail}", pytrace=False)
+    yield server
+    server.stop()

@@ -1,0 +1,301 @@
+"""Run the real ``tritonserver`` (from the nvidia-pytriton wheel) on this project's models.
+
+The wheel carries a complete Triton 2.51 server, its python backend and a stub per
+Python version, but not laid out the way ``--backend-directory`` expects. This
+module assembles that layout under the clone's cache folder (symlinks, rebuilt on
+every start), adds this project's backends, sets the environment the stub needs
+(venv first on PATH, the interpreter's own libpython, a UTF-8 locale) and runs the
+server bound to 127.0.0.1. Stopping it stops the whole process group — the stubs
+and the engine processes they spawn — so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = Path(os.environ.get("TRITONFORGE_CACHE", REPO_ROOT / ".cache"))
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+BACKENDS_SRC = REPO_ROOT / "backends"
+STOP_TIMEOUT_S = 60.0
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{name} is not installed in {sys.prefix} (run `make serve` once)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def triton_home() -> Path:
+    """``pytriton/tritonserver`` inside the venv: bin/, backends/python, stubs, caches."""
+    return _package_dir("pytriton") / "tritonserver"
+
+
+def triton_libs() -> Path:
+    return _package_dir("pytriton").parent / "nvidia_pytriton.libs"
+
+
+def assemble_backend_dir(target: Path | None = None) -> Path:
+    """Lay out ``<target>/python`` (python backend + stub) and one folder per own backend.
+
+    A Python-based backend is a folder holding ``model.py``; a C++ backend is a
+    folder holding ``libtriton_<name>.so`` built under ``build/backends``.
+    """
+    target = target or CACHE_DIR / "backends"
+    if target.exists():
+        shutil.rmtree(target)
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True)
+    home = triton_home()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"the Triton wheel ships no stub for Python {version}: {stub}")
+    for source in (
+        home / "backends" / "python" / "libtriton_python.so",
+        home / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
+        (python_dir / source.name).symlink_to(source)
+    for backend in sorted(BACKENDS_SRC.iterdir()):
+        if (backend / "model.py").is_file():
+            (target / backend.name).mkdir()
+            (target / backend.name / "model.py").symlink_to(backend / "model.py")
+    built = REPO_ROOT / "build" / "backends"
+    if built.is_dir():
+        for library in built.glob("*/libtriton_*.so"):
+            (target / library.parent.name).mkdir(exist_ok=True)
+            (target / library.parent.name / library.name).symlink_to(library)
+    return target
+
+
+def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the server and its stubs need (see ../shared/ENVIRONMENT.md)."""
+    env = dict(base if base is not None else os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    # The stub links libpython3.11: it must be this interpreter's, not Debian's older
+    # one, or the standard library's C modules fail with undefined symbols.
+    lib_dirs = [sysconfig.get_config_var("LIBDIR") or "", str(triton_libs())]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [d for d in lib_dirs if d] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    )
+    # The stub's interpreter runs isolated with an ASCII locale unless told otherwise.
+    env.setdefault("LANG", "C.UTF-8")
+    env.setdefault("LC_ALL", "C.UTF-8")
+    env.setdefault("TRITONFORGE_MODELS", str(CACHE_DIR / "models"))
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    return env
+
+
+def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
+    """Models in the repository whose engine can run on this machine.
+
+    A model may name a Python module it needs in ``requires.txt`` beside its
+    config (TensorRT-LLM on a machine without it, for example); such models are
+    left out of the default start-up rather than failing the whole server.
+    """
+    names = []
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        needs = config.parent / "requires.txt"
+        modules = needs.read_text().split() if needs.is_file() else []
+        if all(importlib.util.find_spec(m) is not None for m in modules):
+            names.append(config.parent.name)
+    return names
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process group: start, wait until ready, stop without leftovers."""
+
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    models: Sequence[str] | None = None
+    repository: Path = MODEL_REPOSITORY
+    extra_args: Sequence[str] = ()
+    log_path: Path | None = None
+    host: str = "127.0.0.1"
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self, backend_dir: Path) -> list[str]:
+        binary = triton_home() / "bin" / "tritonserver"
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backend_dir}",
+            f"--cache-directory={triton_home() / 'caches'}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--model-control-mode=explicit",
+            "--exit-timeout-secs=30",
+        ]
+        models = self.models if self.models is not None else available_models(self.repository)
+        cmd += [f"--load-model={name}" for name in models]
+        return cmd + list(self.extra_args)
+
+    def start(self, backend_dir: Path | None = None) -> None:
+        backend_dir = assemble_backend_dir(backend_dir)
+        stdout = self.log_path.open("ab") if self.log_path else None
+        self.process = subprocess.Popen(
+            self.command(backend_dir),
+            env=server_environment(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            start_new_session=True,  # its own process group: we stop stubs and engines with it
+        )
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s")
+
+    def group_processes(self) -> list[psutil.Process]:
+        """Every live process in the server's session (server, stubs, engine workers)."""
+        if self.process is None:
+            return []
+        sid = self.process.pid
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        return found
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM the server (it unloads models, stubs finalise), then kill what remains."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        leftovers = self.group_processes()
+        for proc in leftovers:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(leftovers, timeout=10)
+        return self.process.returncode
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _port(env_name: str, default: int) -> int:
+    return int(os.environ.get(env_name, default))
+
+
+def example_request(server: TritonServer, model: str) -> str:
+    return (
+        f"curl -s -X POST http://{server.http_url}/v2/models/{model}/generate "
+        "-d '{\"text_input\": \"What is the capital of France?\", "
+        "\"parameters\": {\"max_tokens\": 32, \"temperature\": 0}}'"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Serve model_repository/ with the real tritonserver (foreground).",
+        epilog="Arguments after -- go to tritonserver unchanged.",
+    )
+    parser.add_argument("--models", nargs="*", help="models to load (default: all that can run)")
+    parser.add_argument("--host", default=os.environ.get("TRITON_HOST", "127.0.0.1"))
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+
+    from tritonforge.model_store import ensure_default_model
+
+    ensure_default_model()
+    server = TritonServer(
+        http_port=_port("TRITON_HTTP_PORT", 8000),
+        grpc_port=_port("TRITON_GRPC_PORT", 8001),
+        metrics_port=_port("TRITON_METRICS_PORT", 8002),
+        models=args.models,
+        extra_args=extra,
+        host=args.host,
+    )
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        server.start()
+        server.wait_ready()
+        models = server.models or available_models()
+        first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
+        print(
+            f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
+            f"metrics {server.metrics_url}, models: {', '.join(models)}. "
+            f"Try: {example_request(server, first)}",
+            flush=True,
+        )
+        return server.process.wait() if server.process else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
