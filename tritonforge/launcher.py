@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,16 +74,16 @@ def assemble_backend_dir(target: Path | None = None) -> Path:
         home / "backends" / "python" / "triton_python_backend_utils.py",
         stub,
     ):
-        (python_dir / source.name).symlink_to(source)
+        shutil.copy2(source, python_dir / source.name)
     for backend in sorted(BACKENDS_SRC.iterdir()):
         if (backend / "model.py").is_file():
             (target / backend.name).mkdir()
-            (target / backend.name / "model.py").symlink_to(backend / "model.py")
+            shutil.copy2(backend / "model.py", target / backend.name / "model.py")
     built = REPO_ROOT / "build" / "backends"
     if built.is_dir():
         for library in built.glob("*/libtriton_*.so"):
             (target / library.parent.name).mkdir(exist_ok=True)
-            (target / library.parent.name / library.name).symlink_to(library)
+            shutil.copy2(library, target / library.parent.name / library.name)
     return target
 
 
@@ -120,6 +121,13 @@ def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
         if all(importlib.util.find_spec(m) is not None for m in modules):
             names.append(config.parent.name)
     return names
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM the server if the launcher dies, even by SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -183,6 +191,7 @@ class TritonServer:
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: we stop stubs and engines with it
+            preexec_fn=_terminate_with_parent,
         )
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
@@ -247,8 +256,8 @@ def _port(env_name: str, default: int) -> int:
 def example_request(server: TritonServer, model: str) -> str:
     return (
         f"curl -s -X POST http://{server.http_url}/v2/models/{model}/generate "
-        "-d '{\"text_input\": \"What is the capital of France?\", "
-        "\"parameters\": {\"max_tokens\": 32, \"temperature\": 0}}'"
+        '-d \'{"text_input": "What is the capital of France?", '
+        '"parameters": {"max_tokens": 32, "temperature": 0}}\''
     )
 
 

@@ -1,0 +1,124 @@
+"""Command line: ``python -m tritonforge.bench run --contract perf/contracts/smoke.yaml``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tritonforge.bench.contract import ContractError, load_contract
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tritonforge.bench.runner import RESULTS_ROOT, run_contract
+
+    run_dir = run_contract(args.contract, args.set, Path(args.results or RESULTS_ROOT))
+    print(run_dir)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    contract, digest = load_contract(args.contract, args.set)
+    print(
+        f"{args.contract}: valid ({contract.name}, {len(contract.targets)} targets, "
+        f"sha256 {digest[:12]})"
+    )
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from tritonforge.bench import planner
+    from tritonforge.bench.services import load_engine_settings
+    from tritonforge.model_store import models_dir
+
+    contract, _ = load_contract(args.contract, args.set)
+    engine = load_engine_settings(args.engine_config) if args.engine_config else {}
+    model_dir = Path(engine["model"]) if "model" in engine else models_dir() / contract.model
+    kv_bytes = args.kv_cache_bytes or engine.get("kv_cache_memory_bytes")
+    if not kv_bytes:
+        raise ContractError(
+            "no KV-cache size: pass --kv-cache-bytes or an engine config that sets it"
+        )
+    overrides = {
+        "max_num_batched_tokens": args.token_budget,
+        "long_prefill_token_threshold": args.long_prefill_threshold,
+        "block_size": args.block_size,
+    }
+    engine |= {k: v for k, v in overrides.items() if v is not None}
+    plan = planner.plan_contract(
+        contract, planner.read_model_config(model_dir), int(kv_bytes), engine, args.iterations
+    )
+    print(plan.model_dump_json(indent=2) if args.json else planner.describe(plan))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tritonforge.bench import report
+    from tritonforge.bench.results import RunResult
+
+    result = RunResult.model_validate_json((args.run_dir / "results.json").read_text())
+    print(report.write(result, args.run_dir))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def contract_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--contract", type=Path, required=True, help="perf/contracts/<name>.yaml")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="PATH=VALUE",
+            help="override a contract field, e.g. --set load.requests_per_level=4 (repeatable)",
+        )
+
+    run = sub.add_parser("run", help="start the targets, drive the load, write results + report")
+    contract_args(run)
+    run.add_argument("--results", help="results root (default perf/results)")
+    run.set_defaults(func=_run)
+
+    validate = sub.add_parser("validate", help="check a contract without running it")
+    contract_args(validate)
+    validate.set_defaults(func=_validate)
+
+    plan = sub.add_parser("plan", help="KV-cache capacity and per-iteration token split")
+    contract_args(plan)
+    plan.add_argument(
+        "--engine-config", type=Path, default=Path("model_repository/vllm_model/1/model.json")
+    )
+    plan.add_argument(
+        "--kv-cache-bytes", type=int, help="default: kv_cache_memory_bytes of the engine config"
+    )
+    plan.add_argument(
+        "--token-budget", type=int, help="max_num_batched_tokens (default: engine config or 2048)"
+    )
+    plan.add_argument(
+        "--long-prefill-threshold", type=int, help="long_prefill_token_threshold (0 = none)"
+    )
+    plan.add_argument(
+        "--block-size", type=int, help="KV block size (default: engine config or 128, vLLM CPU)"
+    )
+    plan.add_argument("--iterations", type=int, default=8, help="iterations of the burst to show")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=_plan)
+
+    rep = sub.add_parser("report", help="rebuild report.md and plots from a run's results.json")
+    rep.add_argument("run_dir", type=Path)
+    rep.set_defaults(func=_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ContractError as error:
+        print(error, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

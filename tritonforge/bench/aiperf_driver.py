@@ -1,0 +1,207 @@
+"""Drive one load level at an HTTP endpoint with aiperf (from the benchmark venv).
+
+aiperf runs as a subprocess of ``.venv-bench``; it reads the level's trace file (literal
+prompts and output lengths, in order), and its per-request export is mapped back onto
+the workload by position, so a request's exact max_tokens is known for every record.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.workload import BenchRequest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH_VENV = REPO_ROOT / ".venv-bench"
+STARTUP_ALLOWANCE_S = 90.0  # aiperf's own start-up (services, tokenizer) before the first request
+
+
+class ToolError(RuntimeError):
+    """The benchmark tool failed as a whole (not one request): the level has no result."""
+
+
+@dataclass(frozen=True)
+class HttpEndpoint:
+    """How aiperf reaches a target: its endpoint type and what it adds to each request."""
+
+    url: str
+    model: str
+    endpoint_type: str
+    path: str | None = None
+    extra_inputs: dict[str, object] = field(default_factory=dict)
+    payload_template: str | None = None
+    response_field: str | None = None
+
+
+def tool_binary(name: str) -> Path:
+    binary = BENCH_VENV / "bin" / name
+    if not binary.exists():
+        raise ToolError(f"{binary} is missing: run scripts/setup_bench_venv.sh")
+    return binary
+
+
+def aiperf_command(
+    endpoint: HttpEndpoint,
+    trace: Path,
+    artifacts: Path,
+    tokenizer: Path,
+    request_count: int,
+    mode: str,
+    level: float,
+    max_duration_s: float,
+    seed: int,
+) -> list[str]:
+    cmd = [
+        str(tool_binary("aiperf")),
+        "profile",
+        "--model",
+        endpoint.model,
+        "--url",
+        endpoint.url,
+        "--endpoint-type",
+        endpoint.endpoint_type,
+        "--streaming",
+        "--tokenizer",
+        str(tokenizer),
+        "--input-file",
+        str(trace),
+        "--custom-dataset-type",
+        "mooncake_trace",
+        "--dataset-sampling-strategy",
+        "sequential",
+        "--request-count",
+        str(request_count),
+        "--request-timeout-seconds",
+        f"{max_duration_s:g}",
+        "--benchmark-duration",
+        f"{max_duration_s:g}",
+        "--benchmark-grace-period",
+        "10",
+        "--random-seed",
+        str(seed),
+        "--artifact-dir",
+        str(artifacts),
+        "--ui-type",
+        "none",
+        # Two cores: one load worker keeps the client's own CPU use small and steady.
+        "--workers-max",
+        "1",
+        "--record-processors",
+        "1",
+    ]
+    if mode == "concurrency":
+        cmd += ["--concurrency", str(int(level))]
+    else:
+        cmd += ["--request-rate", f"{level:g}", "--arrival-pattern", "poisson"]
+    if endpoint.path:
+        cmd += ["--endpoint", endpoint.path]
+    extras: dict[str, object] = dict(endpoint.extra_inputs)
+    if endpoint.payload_template is not None:
+        template = artifacts / "payload_template.json"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        template.write_text(endpoint.payload_template)
+        extras["payload_template"] = str(template)
+    if endpoint.response_field:
+        extras["response_field"] = endpoint.response_field
+    for key, value in extras.items():
+        rendered = json.dumps(value) if not isinstance(value, str) else value
+        cmd += ["--extra-inputs", f"{key}:{rendered}"]
+    return cmd
+
+
+def parse_records(
+    export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
+) -> list[RequestRecord]:
+    """aiperf's ``profile_export.jsonl`` → records, profiling phase only.
+
+    With ``exact_lengths`` (ignore_eos) the output count is the max_tokens sent, which
+    the engine produced exactly; re-tokenizing streamed text can miscount by a token or
+    two, and would bias tok/s against targets that stream more chunks.
+    """
+    records = []
+    for line in export.read_text().splitlines():
+        item = json.loads(line)
+        meta = item["metadata"]
+        if meta.get("benchmark_phase") != "profiling":
+            continue
+        request = requests[meta["session_num"] % len(requests)]
+        metrics = item.get("metrics") or {}
+        error = item.get("error")
+        ttft = metrics.get("time_to_first_token", {}).get("value")
+        ok = error is None and ttft is not None and not meta.get("was_cancelled", False)
+        if exact_lengths:
+            tokens = request.output_tokens if ok else 0
+        else:
+            tokens = int(metrics.get("output_sequence_length", {}).get("value", 0))
+        message = None
+        if error is not None:
+            message = (
+                f"{error.get('type') or 'error'} {error.get('code') or ''}: {error.get('message')}"
+            )
+        elif not ok:
+            message = "no token received" if ttft is None else "cancelled"
+        records.append(
+            RequestRecord(
+                index=request.index,
+                start_ns=int(meta["request_start_ns"]),
+                end_ns=int(meta.get("request_end_ns") or meta["request_start_ns"]),
+                ok=ok,
+                output_tokens=tokens,
+                ttft_ms=ttft,
+                chunk_gaps_ms=list(metrics.get("inter_chunk_latency", {}).get("value", []) or []),
+                error=message[:300] if message else None,
+            )
+        )
+    return records
+
+
+def run_level(
+    endpoint: HttpEndpoint,
+    requests: Sequence[BenchRequest],
+    trace: Path,
+    artifacts: Path,
+    tokenizer: Path,
+    mode: str,
+    level: float,
+    max_duration_s: float,
+    seed: int,
+    exact_lengths: bool,
+) -> list[RequestRecord]:
+    """Run aiperf for one level and return its records; raise ToolError if it produced none."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    cmd = aiperf_command(
+        endpoint, trace, artifacts, tokenizer, len(requests), mode, level, max_duration_s, seed
+    )
+    (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
+    log = artifacts / "aiperf.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        try:
+            proc = subprocess.run(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=max_duration_s + STARTUP_ALLOWANCE_S,
+                cwd=artifacts,
+                check=False,
+            )
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    export = artifacts / "profile_export.jsonl"
+    records = parse_records(export, requests, exact_lengths) if export.is_file() else []
+    if not records:
+        tail = log.read_text(errors="replace")[-1500:]
+        why = "timed out" if code is None else f"exited with code {code}"
+        raise ToolError(
+            f"aiperf {why} after {time.monotonic() - started:.0f} s with no records; "
+            f"log tail:\n{tail}"
+        )
+    return records

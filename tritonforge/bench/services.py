@@ -1,0 +1,282 @@
+"""The servers a run measures, started and stopped by the runner itself.
+
+A service is a process group the runner owns: tritonserver with the contract's Triton
+models, or vLLM's own OpenAI-compatible server as the reference. Both bind 127.0.0.1
+on free ports (never 8000-8002, where a developer's server may run) and are stopped
+with their whole process group, so a run leaves nothing behind.
+
+The reference server reads the *same* model.json the Triton model reads (one source
+of truth for engine settings): its keys are vLLM engine arguments, turned into
+command-line flags here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+import requests
+
+from tritonforge.bench.aiperf_driver import HttpEndpoint
+from tritonforge.bench.contract import Sampling, Target, TargetKind
+from tritonforge.launcher import REPO_ROOT, TritonServer, free_port, server_environment
+
+READY_TIMEOUT_S = 600.0
+
+
+class Service(Protocol):
+    """A started server the runner can point a load tool at."""
+
+    def start(self) -> None: ...
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None: ...
+    def stop(self) -> None: ...
+    def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint: ...
+    def metrics_text(self) -> str | None: ...
+
+
+def _distinct_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+def expand(value: Any, env: Mapping[str, str]) -> Any:
+    """Expand ``$VAR``/``${VAR}`` in strings (model.json names the model dir that way)."""
+    if isinstance(value, str):
+        return re.sub(
+            r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), m.group(0)), value
+        )
+    return value
+
+
+def load_engine_settings(path: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The engine arguments of a model.json, with environment variables expanded."""
+    env = env if env is not None else server_environment()
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or "model" not in data:
+        raise ValueError(f"{path}: expected a JSON object of vLLM engine arguments with 'model'")
+    return {key: expand(value, env) for key, value in data.items()}
+
+
+def engine_cli_flags(settings: Mapping[str, Any]) -> list[str]:
+    """vLLM engine arguments as ``api_server`` flags (``max_model_len`` → ``--max-model-len``)."""
+    flags: list[str] = []
+    for key, value in settings.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def triton_payload_template(sampling: Sampling) -> str:
+    """The aiperf payload template for a vllm_backend-style model's generate_stream.
+
+    Inputs go by name; sampling goes as the ``sampling_parameters`` JSON string, with
+    ``max_tokens`` rendered per request from the trace line.
+    """
+    fixed = json.dumps(
+        {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "ignore_eos": sampling.ignore_eos,
+        }
+    )[1:-1]
+    return (
+        '{"text_input": {{ text|tojson }}, "stream": true, "exclude_input_in_output": true, '
+        '"sampling_parameters": {{ (\'{"max_tokens": \' ~ max_tokens ~ \', '
+        + fixed
+        + "}')|tojson }}}"
+    )
+
+
+@dataclass
+class TritonService:
+    """tritonserver with the Triton models the contract's targets name."""
+
+    models: Sequence[str]
+    log_path: Path
+    server: TritonServer = field(init=False)
+
+    def __post_init__(self) -> None:
+        http, grpc, metrics = _distinct_ports(3)
+        self.server = TritonServer(
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            models=list(self.models),
+            log_path=self.log_path,
+        )
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        missing = [m for m in self.models if not (self.server.repository / m).is_dir()]
+        if missing:
+            raise RuntimeError(f"model_repository/ has no model {', '.join(missing)}")
+        self.server.start()
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        try:
+            self.server.wait_ready(timeout_s)
+        except (RuntimeError, TimeoutError) as error:
+            raise RuntimeError(f"{error}; log tail:\n{_tail(self.log_path)}") from None
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
+        return HttpEndpoint(
+            url=f"http://{self.server.http_url}",
+            model=str(target.model),
+            endpoint_type="template",
+            path=f"/v2/models/{target.model}/generate_stream",
+            payload_template=triton_payload_template(sampling),
+            response_field="text_output",
+        )
+
+    def metrics_text(self) -> str | None:
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(self.server.metrics_url, timeout=5).text
+        return None
+
+
+@dataclass
+class VllmOpenAIService:
+    """vLLM's OpenAI-compatible server on the engine settings of a model.json."""
+
+    engine_config: Path
+    served_model: str
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    def command(self) -> list[str]:
+        settings = load_engine_settings(self.engine_config)
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(settings["model"]),
+            "--served-model-name",
+            self.served_model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-uvicorn-access-log",
+            *engine_cli_flags(settings),
+        ]
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self.command()
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + " ".join(command) + "\n").encode())
+        self.process = subprocess.Popen(
+            command,
+            env=server_environment(),
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: the engine core goes with it
+            cwd=REPO_ROOT,
+        )
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.port}/v1/models"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited with code {self.process.returncode}; "
+                    f"log tail:\n{_tail(self.log_path)}"
+                )
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        stop_group(self.process)
+
+    def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
+        # Completions, not chat: the prompt reaches the engine as is, token for token the
+        # same as Triton's text_input (a chat template would add tokens on one side only).
+        return HttpEndpoint(
+            url=f"http://127.0.0.1:{self.port}",
+            model=served_model,
+            endpoint_type="completions",
+            extra_inputs={
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "ignore_eos": sampling.ignore_eos,
+            },
+        )
+
+    def metrics_text(self) -> str | None:
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        return None
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGTERM a session leader's group, wait, then SIGKILL whatever is left of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    leftovers = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(proc.pid) == process.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                leftovers.append(proc)
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+
+
+def service_for(kind: TargetKind, targets: Sequence[Target], log_dir: Path, served: str) -> Service:
+    """One service for a group of targets of the same kind (Triton serves them all at once)."""
+    if kind is TargetKind.TRITON:
+        models = sorted({str(t.model) for t in targets})
+        return TritonService(models=models, log_path=log_dir / "tritonserver.log")
+    if kind is TargetKind.VLLM_OPENAI:
+        (target,) = targets
+        return VllmOpenAIService(
+            engine_config=REPO_ROOT / str(target.engine_config),
+            served_model=served,
+            log_path=log_dir / f"{target.name}.log",
+        )
+    raise ValueError(f"{kind} is not served over HTTP")
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"

@@ -1,0 +1,142 @@
+"""The contract between the engine-agnostic core and one engine.
+
+An adapter holds only what differs between engines: how to start and stop, how a
+prompt becomes tokens (chat template, context limit), how :class:`SamplingParams` map
+onto the engine's call, and how the engine's outputs become :class:`EngineOutput`
+deltas. Everything else — parsing, streaming, cancellation, responses, metrics — is
+the core's, so every engine answers the same request the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tritonforge.errors import RequestError
+from tritonforge.sampling import SamplingParams
+from tritonforge.schema import GenerateRequest
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A prompt the engine accepted: its token ids and, when known, its text."""
+
+    token_ids: tuple[int, ...]
+    text: str | None = None
+
+
+@dataclass
+class EngineOutput:
+    """What one engine step added to a request (a delta, never cumulative)."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, dict[str, Any]]] | None = None
+    cumulative_logprob: float | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Scheduler state for the gauges; None where an engine cannot tell."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float | None = None
+
+
+class Engine(abc.ABC):
+    """One loaded model on one engine. All coroutines run on the runtime's loop."""
+
+    #: Prefix of this engine's Prometheus metric names (``vllm:prompt_tokens_total``).
+    metric_prefix: str = "llm"
+
+    @classmethod
+    @abc.abstractmethod
+    def config_file(cls) -> str:
+        """Name of the engine configuration file in the model's version directory."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Engine:
+        """Build (not start) the engine from its configuration file's contents."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load weights and get ready to serve; raise with a clear message on failure."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine and every process it started."""
+
+    @property
+    @abc.abstractmethod
+    def max_context(self) -> int:
+        """Tokens of context the engine serves (prompt plus output)."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Token ids must lie below this."""
+
+    @abc.abstractmethod
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The engine's own tokenizer; used for limits and token-level outputs."""
+
+    @abc.abstractmethod
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        """Render chat messages with the model's chat template, generation prompt added."""
+
+    @abc.abstractmethod
+    def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        """Stream deltas for one request; the last one has ``finished`` set."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its engine resources (idempotent)."""
+
+    def stats(self) -> EngineStats:
+        """Current scheduler state; engines without one report zeros."""
+        return EngineStats()
+
+    def prepare(self, request: GenerateRequest) -> PreparedPrompt:
+        """Turn the request's prompt into checked token ids (runs on Triton's thread)."""
+        if request.prompt_ids is not None:
+            ids = request.prompt_ids
+            bad = next((t for t in ids if t >= self.vocab_size), None)
+            if bad is not None:
+                raise RequestError(
+                    "input_ids",
+                    f"token id {bad} is out of range (vocabulary size {self.vocab_size})",
+                )
+            prepared = PreparedPrompt(token_ids=tuple(ids))
+            field_name = "input_ids"
+        elif request.messages is not None:
+            text = self.render_chat(request.messages)
+            prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=False)), text)
+            field_name = "messages"
+        else:
+            assert request.prompt is not None
+            text = request.prompt
+            prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=True)), text)
+            field_name = "text_input"
+        for i, token in enumerate(request.sampling.stop_token_ids):
+            if token >= self.vocab_size:
+                raise RequestError(
+                    f"sampling_parameters.stop_token_ids[{i}]",
+                    f"token id {token} is out of range (vocabulary size {self.vocab_size})",
+                )
+        # At least one token of room must remain for the output.
+        if len(prepared.token_ids) >= self.max_context:
+            raise RequestError(
+                field_name,
+                f"prompt is {len(prepared.token_ids)} tokens; the model's context is "
+                f"{self.max_context} tokens and must leave room for at least one output token",
+            )
+        return prepared

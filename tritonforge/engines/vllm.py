@@ -1,0 +1,165 @@
+"""vLLM adapter: the only module that imports vLLM.
+
+The engine is vLLM V1's ``AsyncLLM`` built from ``model.json`` (``AsyncEngineArgs``
+keys, exactly as upstream vllm_backend reads them). Outputs are requested as deltas
+(``RequestOutputKind.DELTA``) so every engine step becomes one streamed response, and
+vLLM's own detokenizer keeps multi-byte characters whole across steps. Scheduler
+state (running/waiting requests, KV-cache usage) arrives through a stat logger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from tritonforge.engine_config import resolve_paths
+from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.sampling import SamplingParams
+
+
+class _SchedulerSnapshot(StatLoggerBase):
+    """Keeps the latest scheduler stats where the adapter can read them."""
+
+    latest: EngineStats = EngineStats()
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        del vllm_config, engine_index
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        if scheduler_stats is not None:
+            type(self).latest = EngineStats(
+                running=scheduler_stats.num_running_reqs,
+                waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+            )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
+    """Map the common vocabulary onto vLLM's SamplingParams (deltas, one sequence)."""
+    structured = None
+    if params.structured_outputs is not None:
+        structured = StructuredOutputsParams(
+            **{params.structured_outputs.kind: params.structured_outputs.value}
+        )
+    return VllmSamplingParams(
+        n=1,
+        max_tokens=params.max_tokens,
+        min_tokens=params.min_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        seed=params.seed,
+        stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs,
+        skip_special_tokens=params.skip_special_tokens,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class VllmEngine(Engine):
+    metric_prefix = "vllm"
+
+    def __init__(self, engine_args: AsyncEngineArgs) -> None:
+        self._args = engine_args
+        self._engine: AsyncLLM | None = None
+        self._tokenizer: Any = None
+        self._max_context = 0
+        self._vocab_size = 0
+
+    @classmethod
+    def config_file(cls) -> str:
+        return "model.json"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> VllmEngine:
+        values = resolve_paths(dict(config), model_dir, keys=("model", "tokenizer"))
+        # Never log prompts: vLLM's request logging stays off whatever the file says.
+        values["enable_log_requests"] = False
+        return cls(AsyncEngineArgs(**values))
+
+    async def start(self) -> None:
+        self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
+        self._tokenizer = self._engine.get_tokenizer()
+        self._max_context = self._engine.model_config.max_model_len
+        self._vocab_size = self._engine.model_config.get_vocab_size()
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.shutdown)
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        return self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        assert self._engine is not None, "engine not started"
+        engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
+        if prompt.text is not None:
+            engine_prompt["prompt"] = prompt.text
+        async for result in self._engine.generate(
+            engine_prompt, to_vllm_sampling(sampling), request_id
+        ):
+            completion = result.outputs[0]
+            logprobs = None
+            if completion.logprobs is not None:
+                logprobs = [
+                    {
+                        token: {
+                            "logprob": entry.logprob,
+                            "rank": entry.rank,
+                            "decoded_token": entry.decoded_token,
+                        }
+                        for token, entry in position.items()
+                    }
+                    for position in completion.logprobs
+                ]
+            yield EngineOutput(
+                text=completion.text,
+                token_ids=list(completion.token_ids),
+                logprobs=logprobs,
+                cumulative_logprob=completion.cumulative_logprob,
+                finished=result.finished,
+                finish_reason=completion.finish_reason,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return _SchedulerSnapshot.latest

@@ -1,0 +1,25 @@
+"""Errors that travel back to the client.
+
+Inside the core, bad input is raised as :class:`RequestError`; the Triton edge turns it
+into an error response (INVALID_ARG) whose message names the field and the rule it
+broke, so a client can fix the request without reading server logs.
+"""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A request broke a rule: ``field`` names where (``sampling_parameters.top_p``)."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")
+
+
+class EngineBusy(RuntimeError):
+    """The model's bounded queue is full; the client should retry later (UNAVAILABLE)."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is shutting down or failed; the request was not (fully) served."""

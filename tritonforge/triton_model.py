@@ -1,0 +1,167 @@
+"""The Triton edge: ``TritonPythonModel`` for any engine, and nothing engine-specific.
+
+This is the only module that touches ``triton_python_backend_utils``. It turns Triton
+requests into input arrays for :func:`parse_request`, hands parsed requests to the
+:class:`Runtime`, and turns the runtime's outputs and errors into Triton responses.
+A backend's ``model.py`` is two lines: ``make_model(SomeEngine)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.engine_config import load_engine_config
+from tritonforge.engines.base import Engine
+from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
+from tritonforge.runtime import Runtime
+from tritonforge.schema import parse_request
+from tritonforge.triton_metrics import TritonMetrics
+
+_BOOL_INPUTS = (
+    "stream",
+    "exclude_input_in_output",
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+    "return_output_ids",
+)
+# The tensors every LLM model of this project serves; auto-complete adds missing ones so
+# an upstream-style config.pbtxt (just ``backend: "vllm"``) works unchanged.
+INPUTS = [
+    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "input_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+    {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    *({"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in _BOOL_INPUTS),
+]
+OUTPUTS = [
+    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
+    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
+    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
+    {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
+]
+
+
+def triton_error(exc: BaseException) -> Any:
+    """Map core exceptions to Triton error codes clients can act on."""
+    if isinstance(exc, RequestError):
+        code = pb_utils.TritonError.INVALID_ARG
+    elif isinstance(exc, EngineBusy | EngineUnavailable):
+        code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, asyncio.CancelledError):
+        code = pb_utils.TritonError.CANCELLED
+    else:
+        code = pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(str(exc) or type(exc).__name__, code)
+
+
+class TritonChannel:
+    """A request's response sender, as the runtime's :class:`~tritonforge.runtime.Channel`."""
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender
+
+    def send(
+        self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
+    ) -> None:
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if error is not None:
+            response = pb_utils.InferenceResponse(error=triton_error(error))
+        elif tensors is not None:
+            response = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(name, array) for name, array in tensors.items()]
+            )
+        else:
+            self._sender.send(flags=flags)
+            return
+        self._sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return self._sender.is_cancelled()
+
+
+def _request_parameters(request: Any) -> dict[str, Any]:
+    raw = request.parameters()
+    if not raw:
+        return {}
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    return value if isinstance(value, dict) else {}
+
+
+class LLMModel:
+    """Base of every LLM ``TritonPythonModel``; subclasses set ``engine_class``."""
+
+    engine_class: type[Engine]
+
+    @staticmethod
+    def auto_complete_config(config: Any) -> Any:
+        present = config.as_dict()
+        have_inputs = {i["name"] for i in present.get("input", [])}
+        have_outputs = {o["name"] for o in present.get("output", [])}
+        for spec in INPUTS:
+            if spec["name"] not in have_inputs:
+                config.add_input(spec)
+        for spec in OUTPUTS:
+            if spec["name"] not in have_outputs:
+                config.add_output(spec)
+        # Decoupled: the engine batches on its own and streams many responses per request.
+        config.set_model_transaction_policy({"decoupled": True})
+        config.set_max_batch_size(0)
+        return config
+
+    def initialize(self, args: dict[str, str]) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise ValueError(
+                f"{args['model_name']}: set model_transaction_policy {{ decoupled: true }} in "
+                "config.pbtxt; LLM models stream and batch inside the engine"
+            )
+        parameters = {
+            key: value.get("string_value", "")
+            for key, value in model_config.get("parameters", {}).items()
+        }
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        engine_config = load_engine_config(version_dir, self.engine_class.config_file())
+        engine = self.engine_class.from_config(engine_config, version_dir)
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
+        self.runtime = Runtime(
+            engine,
+            metrics,
+            pb_utils.Logger,
+            max_inflight=int(parameters.get("max_inflight", "256")),
+        )
+        self.runtime.start()
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            channel = TritonChannel(request.get_response_sender())
+            try:
+                inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                parsed = parse_request(inputs, _request_parameters(request))
+                self.runtime.submit(parsed, channel)
+            except (RequestError, EngineBusy, EngineUnavailable) as exc:
+                channel.send(None, exc, True)
+            except Exception as exc:
+                pb_utils.Logger.log_error(f"[tritonforge] execute failed: {exc!r}")
+                channel.send(None, exc, True)
+        return None
+
+    def finalize(self) -> None:
+        self.runtime.stop()
+
+
+def make_model(engine_class: type[Engine]) -> type[LLMModel]:
+    """The ``TritonPythonModel`` class for one engine."""
+    return type("TritonPythonModel", (LLMModel,), {"engine_class": engine_class})
