@@ -158,6 +158,8 @@ def render(result: RunResult, plots: list[Path]) -> str:
     for target in result.targets:
         status = {"ok": "ok", "partial": "**partial**", "failed": "**FAILED**"}[target.status]
         start = f", ready in {target.startup_s:.0f} s" if target.startup_s is not None else ""
+        if target.load_average_1m is not None:
+            start += f", load average {target.load_average_1m:.2f} before measuring"
         model = f" `{target.model}`" if target.model else ""
         out += [f"### {target.name} ({target.kind}{model}, {target.tool}) — {status}{start}", ""]
         if target.error:

@@ -23,6 +23,7 @@ class TargetResult(BaseModel):
     status: Literal["ok", "partial", "failed"]
     error: str | None = None
     startup_s: float | None = None
+    load_average_1m: float | None = None  # before measuring: >~0.5 means a noisy neighbour
     levels: list[LevelMetrics] = []
     failed_levels: dict[str, str] = {}
     server_metrics: dict[str, dict[str, float]] = {}

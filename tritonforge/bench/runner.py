@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -203,6 +204,7 @@ class Runner:
             tool=target.tool,
             status="ok",
             startup_s=startup_s,
+            load_average_1m=os.getloadavg()[0],
         )
         if self.plan.warmup:
             self.step(f"{target.name}: warm-up")
@@ -285,7 +287,11 @@ class Runner:
     def run_offline(self, target: Target) -> TargetResult:
         contract = self.plan.contract
         result = TargetResult(
-            name=target.name, kind=target.kind.value, tool="vllm.LLMEngine", status="ok"
+            name=target.name,
+            kind=target.kind.value,
+            tool="vllm.LLMEngine",
+            status="ok",
+            load_average_1m=os.getloadavg()[0],
         )
         if contract.load.mode != "concurrency":
             result.status, result.error = "failed", "the offline ceiling needs concurrency levels"
@@ -367,7 +373,7 @@ def run_contract(
     """Run everything a contract names; return the run directory (results.json, report.md)."""
     from tritonforge.bench import report
 
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     plan = prepare(contract_path, overrides, results_root, console)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     environment = capture(plan.model_dir)

@@ -1,0 +1,129 @@
+"""Contracts: the shipped ones are valid, and an invalid one is refused naming its field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tritonforge.bench.contract import ContractError, apply_overrides, load_contract, parse_contract
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "perf" / "contracts"
+
+
+def smoke_data() -> dict:
+    return yaml.safe_load((CONTRACTS / "smoke.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", ["smoke.yaml", "chat-mix.yaml"])
+def test_shipped_contracts_are_valid(name: str) -> None:
+    contract, digest = load_contract(CONTRACTS / name)
+    assert contract.targets and len(digest) == 64
+    kinds = {t.kind.value for t in contract.targets}
+    assert {"triton", "vllm_openai", "vllm_offline"} <= kinds
+
+
+def test_chat_mix_covers_the_issues_load_levels_and_mix() -> None:
+    contract, _ = load_contract(CONTRACTS / "chat-mix.yaml")
+    assert contract.load.concurrency == [1, 8, 32]
+    shares = {c.name: c.share for c in contract.traffic.classes}
+    assert shares == {"short_chat": 0.6, "long_document": 0.3, "structured_output": 0.1}
+
+
+def refused(mutate) -> str:
+    data = copy.deepcopy(smoke_data())
+    mutate(data)
+    with pytest.raises(ContractError) as caught:
+        parse_contract(data, "test.yaml")
+    return str(caught.value)
+
+
+def test_a_misspelt_key_is_named() -> None:
+    message = refused(lambda d: d["slo"].update(ttft_p59_ms=5))
+    assert "slo.ttft_p59_ms" in message
+
+
+def test_a_negative_slo_is_named() -> None:
+    assert "slo.tpot_p95_ms" in refused(lambda d: d["slo"].update(tpot_p95_ms=-1))
+
+
+def test_shares_that_do_not_add_up_are_named() -> None:
+    message = refused(lambda d: d["traffic"]["classes"][0].update(share=0.5))
+    assert "traffic" in message and "add up to 1.0" in message
+
+
+def test_a_bad_distribution_field_is_named_by_its_yaml_path() -> None:
+    def mutate(d: dict) -> None:
+        d["traffic"]["classes"][1]["input_tokens"] = {"dist": "uniform", "min": 80, "max": 40}
+
+    message = refused(mutate)
+    assert "traffic.classes.1.input_tokens" in message and "max must be >= min" in message
+
+
+def test_an_unknown_distribution_is_named() -> None:
+    message = refused(lambda d: d["traffic"]["classes"][0].update(output_tokens={"dist": "zipf"}))
+    assert "traffic.classes.0.output_tokens" in message
+
+
+def test_a_prefix_longer_than_the_shortest_prompt_is_refused() -> None:
+    message = refused(lambda d: d["traffic"]["shared_prefix"].update(tokens=500))
+    assert "shared_prefix.tokens" in message
+
+
+def test_both_or_neither_load_mode_is_refused() -> None:
+    assert "exactly one of concurrency or request_rates" in refused(
+        lambda d: d["load"].update(request_rates=[1.0])
+    )
+    assert "load" in refused(lambda d: d["load"].pop("concurrency"))
+
+
+def test_a_triton_target_without_model_is_named() -> None:
+    message = refused(lambda d: d["targets"][0].pop("model"))
+    assert "targets.0" in message and "needs model" in message
+
+
+def test_an_unknown_target_kind_is_named() -> None:
+    assert "targets.1.kind" in refused(lambda d: d["targets"][1].update(kind="tgi"))
+
+
+def test_a_comparison_with_an_unknown_target_is_named() -> None:
+    message = refused(lambda d: d["comparisons"][0].update(baseline="nobody"))
+    assert "comparisons.0.baseline" in message and "nobody" in message
+
+
+def test_every_error_is_listed_not_only_the_first() -> None:
+    def mutate(d: dict) -> None:
+        d["slo"]["error_budget"] = 2
+        d["load"]["requests_per_level"] = 0
+
+    message = refused(mutate)
+    assert "slo.error_budget" in message and "load.requests_per_level" in message
+
+
+def test_overrides_change_the_contract_before_validation(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text((CONTRACTS / "smoke.yaml").read_text())
+    contract, _ = load_contract(
+        path, ["load.requests_per_level=2", "load.concurrency=[1, 2]", "targets.0.model=other"]
+    )
+    assert contract.load.requests_per_level == 2
+    assert contract.load.concurrency == [1, 2]
+    assert contract.targets[0].model == "other"
+
+
+def test_an_override_that_breaks_the_contract_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text((CONTRACTS / "smoke.yaml").read_text())
+    with pytest.raises(ContractError, match=r"load\.warmup_requests"):
+        load_contract(path, ["load.warmup_requests=-3"])
+    with pytest.raises(ContractError, match=r"dotted\.path=value"):
+        apply_overrides({}, ["no-equals-sign"])
+
+
+def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ContractError, match="mapping"):
+        load_contract(path)

@@ -1,0 +1,154 @@
+"""Records → level metrics and the report, from hand-made records (no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tritonforge.bench.aiperf_driver import parse_records
+from tritonforge.bench.contract import Comparison, Slo
+from tritonforge.bench.metrics import Percentiles, RequestRecord, percentile, summarize
+from tritonforge.bench.results import TargetResult, compare
+from tritonforge.bench.server_metrics import delta, parse, per_request_ms
+from tritonforge.bench.workload import BenchRequest
+
+SLO = Slo(ttft_p95_ms=100, tpot_p95_ms=20, error_budget=0.1)
+MS = 1_000_000
+
+
+def record(index: int, start_ms: float, ttft: float, e2e: float, tokens: int, ok: bool = True):
+    return RequestRecord(
+        index=index,
+        start_ns=int(start_ms * MS),
+        end_ns=int((start_ms + e2e) * MS),
+        ok=ok,
+        output_tokens=tokens if ok else 0,
+        ttft_ms=ttft if ok else None,
+        error=None if ok else "HTTP 500: boom",
+    )
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.5
+    assert round(percentile(values, 95), 2) == 95.05
+    assert Percentiles.of([]).p50 is None
+
+
+def test_tpot_excludes_the_first_token() -> None:
+    assert record(0, 0, ttft=40, e2e=130, tokens=10).tpot_ms == 10.0
+    assert record(0, 0, ttft=40, e2e=40, tokens=1).tpot_ms is None
+
+
+def test_summary_counts_goodput_errors_and_throughput_over_wall_time() -> None:
+    records = [
+        record(0, 0, ttft=50, e2e=230, tokens=10),  # TPOT 20: within SLO
+        record(1, 0, ttft=150, e2e=330, tokens=10),  # TTFT over the SLO
+        record(2, 500, ttft=50, e2e=500, tokens=10),  # TPOT 50: over the SLO
+        record(3, 600, ttft=0, e2e=400, tokens=0, ok=False),
+    ]
+    m = summarize(4, records, SLO)
+    assert m.requests == 4 and m.errors == 1 and m.error_share == 0.25
+    assert m.duration_s == 1.0  # 0 ms → 1,000 ms
+    assert m.output_tokens == 30 and m.output_tok_s == 30.0
+    assert m.requests_s == 3.0
+    assert m.goodput_rps == 1.0 and m.goodput_share == 0.25
+    assert not m.slo_met  # 25 % errors > 10 % budget
+    assert m.error_samples == ["HTTP 500: boom"]
+
+
+def test_slo_is_met_when_every_bound_holds() -> None:
+    records = [record(i, i * 10, ttft=30, e2e=30 + 9 * 15, tokens=10) for i in range(20)]
+    m = summarize(1, records, SLO)
+    assert m.slo_met and m.goodput_share == 1.0
+
+
+def test_aiperf_records_map_back_to_the_workload_by_position(tmp_path: Path) -> None:
+    requests = [BenchRequest(i, "chat", f"p{i}", 10, 5 + i, False) for i in range(3)]
+    lines = [
+        {"metadata": {"session_num": 0, "benchmark_phase": "warmup", "request_start_ns": 1}},
+        {
+            "metadata": {
+                "session_num": 1,
+                "benchmark_phase": "profiling",
+                "request_start_ns": 1_000_000,
+                "request_end_ns": 9_000_000,
+            },
+            "metrics": {
+                "time_to_first_token": {"value": 2.5},
+                "output_sequence_length": {"value": 5},
+                "inter_chunk_latency": {"value": [1.0, 1.5]},
+            },
+        },
+        {
+            "metadata": {
+                "session_num": 2,
+                "benchmark_phase": "profiling",
+                "request_start_ns": 2_000_000,
+                "request_end_ns": 3_000_000,
+            },
+            "metrics": {},
+            "error": {"code": 400, "type": "Bad Request", "message": "no such input"},
+        },
+    ]
+    export = tmp_path / "profile_export.jsonl"
+    export.write_text("\n".join(json.dumps(line) for line in lines))
+    ok, failed = parse_records(export, requests, exact_lengths=True)
+    assert (ok.index, ok.ok, ok.output_tokens, ok.ttft_ms) == (1, True, 6, 2.5)
+    assert ok.chunk_gaps_ms == [1.0, 1.5]
+    assert (failed.index, failed.ok, failed.output_tokens) == (2, False, 0)
+    assert "400" in failed.error and "no such input" in failed.error
+    (counted,) = parse_records(export, requests, exact_lengths=False)[:1]
+    assert counted.output_tokens == 5
+
+
+def level(value: float, tok_s: float, ttft_p50: float):
+    records = [record(0, 0, ttft=ttft_p50, e2e=ttft_p50 + 100, tokens=int(tok_s))]
+    m = summarize(value, records, SLO)
+    return m.model_copy(update={"output_tok_s": tok_s})
+
+
+def test_comparisons_record_ratio_and_delta_and_keep_missing_levels() -> None:
+    mine = TargetResult(
+        name="t",
+        kind="triton",
+        tool="aiperf",
+        status="ok",
+        levels=[level(1, 20, 52), level(8, 150, 80)],
+    )
+    base = TargetResult(
+        name="b",
+        kind="vllm_openai",
+        tool="aiperf",
+        status="partial",
+        levels=[level(1, 21, 50)],
+        failed_levels={"8": "boom"},
+    )
+    spec = Comparison(target="t", baseline="b", min_throughput_ratio=1.0, max_ttft_p50_delta_ms=3)
+    one, eight = compare(spec, mine, base, [1, 8])
+    assert round(one.throughput_ratio, 3) == 0.952 and one.throughput_met is False
+    assert one.ttft_p50_delta_ms == 2 and one.ttft_met is True
+    assert eight.throughput_ratio is None and eight.throughput_met is None
+
+
+PROM = """# HELP nv_inference_request_success Number of successful inference requests
+nv_inference_request_success{model="vllm_model",version="1"} 10
+nv_inference_request_success{model="other",version="1"} 99
+nv_inference_queue_duration_us{model="vllm_model",version="1"} 5000
+nv_inference_pending_request_count{model="vllm_model",version="1"} 3
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
+vllm:time_to_first_token_seconds_count{model_name="m"} 10
+vllm:num_requests_running{model_name="m"} 4
+"""
+
+
+def test_server_counters_are_per_model_and_gauges_are_ignored() -> None:
+    before = parse(PROM, "vllm_model")
+    assert before["nv_inference_request_success"] == 10
+    assert "nv_inference_pending_request_count" not in before
+    assert "vllm:num_requests_running" not in before
+    after = parse(PROM.replace("} 10\n", "} 14\n").replace("5000", "9000"), "vllm_model")
+    moved = delta(before, after)
+    assert moved["nv_inference_request_success"] == 4
+    times = per_request_ms(moved)
+    assert times["queue"] == 1.0  # 4,000 µs over 4 requests

@@ -1,0 +1,82 @@
+"""CI smoke: the smoke contract end to end on the real servers, with tiny counts.
+
+This keeps the runner honest — real tritonserver with vllm_model, vLLM's own OpenAI
+server, the offline engine, aiperf from .venv-bench — without judging any number
+(targets are recorded in reports, never asserted). It starts and stops its own
+servers on free ports; about 3-4 minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tritonforge.bench.aiperf_driver import BENCH_VENV
+from tritonforge.bench.runner import run_contract
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "load.concurrency=[1, 2]",
+    "load.requests_per_level=3",
+    "load.warmup_requests=1",
+    "load.max_duration_s=90",
+    "traffic.classes.0.output_tokens={dist: fixed, value: 8}",
+    "traffic.classes.1.output_tokens={dist: fixed, value: 8}",
+]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.server
+def test_smoke_contract_runs_end_to_end(tmp_path: Path) -> None:
+    if not (BENCH_VENV / "bin" / "aiperf").exists():
+        pytest.fail("the benchmark venv is missing: run scripts/setup_bench_venv.sh first")
+    run_dir = run_contract(REPO / "perf" / "contracts" / "smoke.yaml", TINY, tmp_path)
+
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["overrides"] == TINY
+    env = results["environment"]
+    assert len(env["git_commit"]) == 40
+    assert len(env["model"]["sha256"]) == 64
+    assert env["machine"]["cores"] >= 1 and env["machine"]["ram_gib"] > 0
+    assert env["bench_versions"]["aiperf"] == "0.13.0"
+    assert env["tritonserver"].startswith("triton 2.")
+
+    by_name = {t["name"]: t for t in results["targets"]}
+    assert set(by_name) == {"triton-vllm", "vllm-openai", "vllm-offline"}
+    for name, target in by_name.items():
+        assert target["status"] == "ok", f"{name}: {target['error']} {target['failed_levels']}"
+        assert [lv["level"] for lv in target["levels"]] == [1.0, 2.0]
+        for lv in target["levels"]:
+            assert lv["requests"] == 3 and lv["errors"] == 0, (name, lv)
+            assert lv["output_tokens"] == 3 * 8  # ignore_eos: exactly max_tokens each
+            assert lv["output_tok_s"] > 0 and lv["ttft_ms"]["p50"] is not None
+            assert lv["tpot_ms"]["p50"] is not None and lv["goodput_share"] >= 0
+
+    rows = results["comparisons"]
+    assert {(r["baseline"], r["level"]) for r in rows} == {
+        ("vllm-openai", 1.0),
+        ("vllm-openai", 2.0),
+        ("vllm-offline", 1.0),
+        ("vllm-offline", 2.0),
+    }
+    assert all(r["throughput_ratio"] is not None for r in rows)
+
+    report = (run_dir / "report.md").read_text()
+    for name in by_name:
+        assert f"### {name}" in report
+    for plot in ("throughput.png", "ttft_p95.png", "goodput.png"):
+        width, height = png_size(run_dir / plot)
+        assert width > 300 and height > 200
+        assert f"]({plot})" in report
+
+    # Everything the runner started is gone: no server, stub or engine left behind.
+    assert psutil.Process().children(recursive=True) == []
