@@ -29,9 +29,23 @@ def _distinct_ports(count: int) -> list[int]:
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     """The real server with all runnable models loaded; its log is kept on failure."""
+    attach = os.environ.get("TRITONFORGE_TEST_ATTACH")  # "http,grpc,metrics" of a running server
+    if attach:
+        http, grpc, metrics = (int(p) for p in attach.split(","))
+        yield TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics)
+        return
     http, grpc, metrics = _distinct_ports(3)
-    log = Path(os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log"))
-    server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_path=log)
+    log = Path(
+        os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log")
+    )
+    only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
+    server = TritonServer(
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        log_path=log,
+        models=only.split(",") if only else None,
+    )
     server.start()
     try:
         server.wait_ready()

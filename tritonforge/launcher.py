@@ -102,6 +102,11 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("LANG", "C.UTF-8")
     env.setdefault("LC_ALL", "C.UTF-8")
     env.setdefault("TRITONFORGE_MODELS", str(CACHE_DIR / "models"))
+    if "TRITONFORGE_GGUF" not in env:  # llamacpp_model's model.json names $TRITONFORGE_GGUF
+        from tritonforge.model_store import gguf_path
+
+        with contextlib.suppress(FileNotFoundError):
+            env["TRITONFORGE_GGUF"] = str(gguf_path())
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     return env
@@ -206,6 +211,14 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s")
 
+    def descendants(self) -> list[psutil.Process]:
+        """The server's live child processes: stubs and the engine processes they start."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(self.process.pid).children(recursive=True)
+        return []
+
     def group_processes(self) -> list[psutil.Process]:
         """Every live process in the server's session (server, stubs, engine workers)."""
         if self.process is None:
@@ -290,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         server.wait_ready()
-        models = server.models or available_models()
+        models = server.models if server.models is not None else available_models()
         first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
         print(
             f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "

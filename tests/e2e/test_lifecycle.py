@@ -1,0 +1,113 @@
+"""Unload/reload and shutdown leave nothing running. These run last: they stop things."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+import requests
+
+from tests.e2e.client import generate, llm_inputs, stream, wait_for
+from tritonforge.launcher import free_port
+
+MODEL = "vllm_model"
+pytestmark = [pytest.mark.server, pytest.mark.last]
+
+
+def _model_processes(server, model: str) -> list[psutil.Process]:
+    """Stub processes serving ``model`` and everything they started (engine core)."""
+    found = []
+    for proc in server.descendants():
+        try:
+            if any(f"/{model}/" in part for part in proc.cmdline()):
+                found.append(proc)
+                found += proc.children(recursive=True)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_unload_with_a_request_in_flight_then_reload(triton_server) -> None:
+    server = triton_server
+    assert server.process is not None, "needs a server owned by the test session"
+    before = _model_processes(server, MODEL)
+    assert len(before) >= 2  # the stub and vLLM's engine-core process
+
+    outcome: dict = {}
+    started = threading.Event()
+
+    def long_request() -> None:
+        outcome["result"] = stream(
+            server.grpc_url,
+            MODEL,
+            llm_inputs("Once upon a time", sampling={"max_tokens": 1500, "ignore_eos": True}),
+            on_response=lambda n: n == 2 and started.set(),
+            timeout_s=90,
+        )
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    assert started.wait(60), "the long request never started streaming"
+    base = f"http://{server.http_url}/v2/repository/models/{MODEL}"
+    reply = requests.post(f"{base}/unload", json={}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    worker.join(120)
+    assert not worker.is_alive(), "the in-flight request hung across the unload"
+    result = outcome["result"]
+    # Finished or failed cleanly — an error must say why, never a silent hang.
+    assert result.error is None or "unload" in str(result.error).lower(), result.error
+    wait_for(
+        lambda: not any(p.is_running() for p in before), timeout_s=60, what="stub and engine exit"
+    )
+    assert not _model_processes(server, MODEL)
+
+    reply = requests.post(f"{base}/load", json={}, timeout=600)
+    assert reply.status_code == 200, reply.text
+    answer = generate(
+        server.http_url, MODEL, {"text_input": "Hello", "parameters": {"max_tokens": 3}}
+    )
+    assert "text_output" in answer, answer
+
+
+def test_shutdown_leaves_no_process(triton_server) -> None:
+    server = triton_server
+    assert server.process is not None, "needs a server owned by the test session"
+    children = server.descendants()
+    assert children, "expected stub processes under the server"
+    code = server.stop()
+    assert code == 0, f"tritonserver exited with {code}"
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not server.group_processes()
+
+
+def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
+    """`make serve` runs the launcher in the foreground: SIGTERM must stop everything."""
+    env = {
+        **os.environ,
+        "TRITON_HTTP_PORT": str(free_port()),
+        "TRITON_GRPC_PORT": str(free_port()),
+        "TRITON_METRICS_PORT": str(free_port()),
+    }
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tritonforge.launcher", "--models"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = launcher.stdout.readline()
+        assert "tritonforge ready" in line, line
+        server_pids = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
+        assert server_pids
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=90) == 0
+        assert not [pid for pid in server_pids if psutil.pid_exists(pid)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -1,0 +1,401 @@
+"""vllm_model end to end: real tritonserver, real vLLM engine, real SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tests.e2e.client import (
+    bool_input,
+    bytes_input,
+    generate,
+    generate_stream_text,
+    llm_inputs,
+    metric,
+    stream,
+    wait_for,
+)
+from tritonforge.engine_config import load_engine_config, resolve_paths
+from tritonforge.launcher import MODEL_REPOSITORY, server_environment
+
+MODEL = "vllm_model"
+GREEDY = {"temperature": 0, "max_tokens": 24}
+PROMPTS = [
+    "The three primary colours are",
+    "def fibonacci(n):",
+    "Écris une phrase en français sur l'été:",
+]
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def server(triton_server):
+    return triton_server
+
+
+def test_chat_messages_use_the_chat_template(server) -> None:
+    reply = generate(
+        server.http_url,
+        MODEL,
+        {"messages": json.dumps(CAPITAL), "sampling_parameters": json.dumps(GREEDY)},
+    )
+    assert "Paris" in reply["text_output"], reply
+
+
+def test_non_streamed_text_echoes_prompt_unless_excluded(server) -> None:
+    body = {"text_input": PROMPTS[0], "parameters": GREEDY}
+    echoed = generate(server.http_url, MODEL, body)["text_output"]
+    bare = generate(server.http_url, MODEL, {**body, "exclude_input_in_output": True})[
+        "text_output"
+    ]
+    assert echoed == PROMPTS[0] + bare
+    assert bare
+
+
+OFFLINE = """
+import json, sys
+from vllm import LLM, SamplingParams
+args, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if __name__ == "__main__":
+    llm = LLM(**args)
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    # One prompt at a time, as the server serves them: batch shape changes bf16 numerics.
+    texts = [llm.generate([p], greedy)[0].outputs[0].text for p in prompts]
+    print("RESULT" + json.dumps(texts))
+"""
+
+
+def test_greedy_parity_with_offline_vllm(server, tmp_path: Path) -> None:
+    """Same model, same engine settings (model.json), offline LLM.generate: identical text."""
+    version_dir = MODEL_REPOSITORY / MODEL / "1"
+    env = server_environment()
+    config = load_engine_config(version_dir, "model.json")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
+        args = resolve_paths(config, version_dir, keys=("model",))
+    script = tmp_path / "offline.py"
+    script.write_text(OFFLINE)
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(args), json.dumps(PROMPTS)],
+        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    offline = json.loads(lines[0][len("RESULT") :])
+    served = [
+        generate(
+            server.http_url,
+            MODEL,
+            {"text_input": p, "exclude_input_in_output": True, "parameters": GREEDY},
+        )["text_output"]
+        for p in PROMPTS
+    ]
+    assert served == offline
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_stream_concatenation_equals_non_streamed_text(server, prompt: str) -> None:
+    full = generate(
+        server.http_url,
+        MODEL,
+        {"text_input": prompt, "exclude_input_in_output": True, "parameters": GREEDY},
+    )["text_output"]
+    grpc_stream = stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=GREEDY))
+    assert grpc_stream.error is None
+    assert len(grpc_stream.responses) > 1  # really streamed
+    assert grpc_stream.text == full
+    sse = generate_stream_text(
+        server.http_url, MODEL, {"text_input": prompt, "stream": True, "parameters": GREEDY}
+    )
+    assert sse == full
+
+
+def test_multibyte_utf8_streams_exactly(server) -> None:
+    prompt = "Écris une phrase en français sur l'été:"  # the model answers with accents
+    sampling = {"temperature": 0, "max_tokens": 40}
+    streamed = stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling))
+    whole = stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling, stream=False))
+    assert streamed.error is None and whole.error is None
+    assert streamed.text == whole.text
+    assert any(ord(ch) > 127 for ch in whole.text), whole.text
+
+
+def test_additional_outputs(server) -> None:
+    result = stream(
+        server.grpc_url,
+        MODEL,
+        llm_inputs(
+            PROMPTS[0],
+            sampling={"temperature": 0, "max_tokens": 5, "ignore_eos": True},
+            stream=False,
+            return_finish_reason=True,
+            return_cumulative_logprob=True,
+            return_logprobs=True,
+            return_num_input_tokens=True,
+            return_num_output_tokens=True,
+            return_output_ids=True,
+        ),
+    )
+    assert result.error is None
+    (response,) = result.responses
+    assert response.as_numpy("finish_reason")[0] == b"length"
+    assert response.as_numpy("num_output_tokens")[0] == 5
+    assert response.as_numpy("num_input_tokens")[0] > 3
+    assert len(response.as_numpy("output_ids")) == 5
+    assert response.as_numpy("cumulative_logprob")[0] < 0
+    logprobs = json.loads(response.as_numpy("logprobs")[0])
+    assert len(logprobs) == 5
+
+
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        ({"choice": ["yes", "no"]}, lambda text: text in ("yes", "no")),
+        ({"regex": "[0-9]{3}-[0-9]{4}"}, lambda text: len(text) == 8 and text[3] == "-"),
+        (
+            {
+                "json": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                    "required": ["city", "population"],
+                }
+            },
+            lambda text: set(json.loads(text)) >= {"city", "population"},
+        ),
+    ],
+)
+def test_structured_outputs(server, constraint: dict, check) -> None:
+    reply = generate(
+        server.http_url,
+        MODEL,
+        {
+            "messages": json.dumps(
+                [{"role": "user", "content": "Give a city and its population."}]
+            ),
+            "sampling_parameters": json.dumps(
+                {"temperature": 0, "max_tokens": 60, "structured_outputs": constraint}
+            ),
+        },
+    )
+    assert "error" not in reply, reply
+    assert check(reply["text_output"]), reply["text_output"]
+
+
+def _running(server) -> float:
+    return metric(server.metrics_url, "vllm:num_requests_running", model=MODEL)
+
+
+def _wait_running(server) -> bool:
+    wait_for(lambda: _running(server) >= 1, timeout_s=10, what="the engine to report it running")
+    return True
+
+
+def _cancelled(server) -> float:
+    return metric(
+        server.metrics_url, "vllm:request_outcome_total", model=MODEL, outcome="cancelled"
+    )
+
+
+def test_grpc_stream_cancellation_aborts_engine_work(server) -> None:
+    before = _cancelled(server)
+    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+    seen_running: list[float] = []
+    result = stream(
+        server.grpc_url,
+        MODEL,
+        llm_inputs(PROMPTS[0], sampling=long),
+        stop_after=6,
+        on_response=lambda n: n == 3 and seen_running.append(_wait_running(server)),
+    )
+    assert len(result.responses) == 6
+    assert seen_running == [True]  # the engine was running it before the cancel
+    wait_for(lambda: _cancelled(server) == before + 1, what="the request to be counted cancelled")
+    wait_for(lambda: _running(server) == 0, what="the engine's running count to return to 0")
+
+
+def test_http_disconnect_aborts_engine_work(server) -> None:
+    before = _cancelled(server)
+    body = {
+        "text_input": PROMPTS[0],
+        "stream": True,
+        "parameters": {"max_tokens": 1500, "ignore_eos": True},
+    }
+    with requests.post(
+        f"http://{server.http_url}/v2/models/{MODEL}/generate_stream",
+        json=body,
+        stream=True,
+        timeout=60,
+    ) as reply:
+        events = 0
+        for line in reply.iter_lines():
+            events += line.startswith(b"data: ")
+            if events >= 3:
+                break
+    wait_for(lambda: _cancelled(server) == before + 1, what="the closed connection to cancel")
+    wait_for(lambda: _running(server) == 0, what="the engine's running count to return to 0")
+
+
+LONG_PROMPT = "word " * 2100
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (
+            {"text_input": "hi", "sampling_parameters": "{not json"},
+            "sampling_parameters: is not valid JSON",
+        ),
+        (
+            {"text_input": "hi", "parameters": {"nonsense": 1}},
+            "parameters.nonsense: unknown sampling parameter",
+        ),
+        (
+            {"text_input": "hi", "parameters": {"temperature": "warm"}},
+            "parameters.temperature: expected a number",
+        ),
+        (
+            {"text_input": "hi", "parameters": {"max_tokens": 0}},
+            "parameters.max_tokens: must be >= 1",
+        ),
+        (
+            {"text_input": "hi", "parameters": {"temperature": -1}},
+            "parameters.temperature: must be >= 0",
+        ),
+        ({"text_input": "hi", "parameters": {"top_p": 0}}, "parameters.top_p: must be in (0, 1]"),
+        ({"text_input": "hi", "parameters": {"top_p": 1.5}}, "parameters.top_p: must be in (0, 1]"),
+        ({"text_input": ""}, "text_input: must not be empty"),
+        ({"text_input": LONG_PROMPT}, "text_input: prompt is"),
+        ({"messages": '[{"role": "user"}]'}, "messages[0].content: must be a string"),
+        (
+            {"text_input": "hi", "sampling_parameters": json.dumps({"stop_token_ids": [10**6]})},
+            "stop_token_ids[0]: token id 1000000 is out of range",
+        ),
+        (
+            {"text_input": "hi", "stream": True, "exclude_input_in_output": False},
+            "exclude_input_in_output: must be true",
+        ),
+    ],
+)
+def test_bad_input_is_named_and_the_model_keeps_serving(server, body: dict, fragment: str) -> None:
+    reply = generate(server.http_url, MODEL, body)
+    assert fragment in reply.get("error", ""), reply
+    ok = generate(server.http_url, MODEL, {"text_input": "Hello", "parameters": {"max_tokens": 2}})
+    assert "text_output" in ok, ok
+
+
+@pytest.mark.parametrize(
+    ("tensor", "fragment"),
+    [
+        (("stream", [1], "INT32", np.array([1], dtype=np.int32)), "'stream' data-type is 'INT32'"),
+        (
+            ("text_input", [2], "BYTES", np.array([b"a", b"b"], dtype=np.object_)),
+            "unexpected shape for input 'text_input'",
+        ),
+    ],
+)
+def test_wrong_tensor_type_or_shape_is_rejected(server, tensor, fragment: str) -> None:
+    name, shape, dtype, value = tensor
+    wrong = grpcclient.InferInput(name, shape, dtype)
+    wrong.set_data_from_numpy(value)
+    inputs = [wrong] if name == "text_input" else [bytes_input("text_input", "hi"), wrong]
+    result = stream(server.grpc_url, MODEL, inputs)
+    assert fragment in str(result.error)
+    assert grpcclient.InferenceServerClient(server.grpc_url).is_model_ready(MODEL)
+    ok = stream(
+        server.grpc_url, MODEL, [bytes_input("text_input", "Hi"), bool_input("stream", True)]
+    )
+    assert ok.error is None and ok.responses
+
+
+def test_parallel_streams_are_batched_by_the_engine(server) -> None:
+    """16 concurrent streams all complete, and the engine ran many of them at once."""
+    peak = 0.0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, _running(server))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    sampling = {"temperature": 0, "max_tokens": 48, "ignore_eos": True}
+    spans: list[tuple[float, float]] = []
+
+    def one(i: int) -> int:
+        started = time.monotonic()
+        result = stream(server.grpc_url, MODEL, llm_inputs(f"Story number {i}:", sampling=sampling))
+        spans.append((started, time.monotonic()))
+        assert result.error is None, result.error
+        return sum(int(n[0]) for n in result.outputs("num_output_tokens"))
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            counts = list(
+                pool.map(
+                    one,
+                    range(16),
+                )
+            )
+    finally:
+        stop.set()
+        sampler.join()
+    assert len(counts) == 16
+    assert peak >= 8, f"engine never ran more than {peak} requests at once"
+    # Not serialised: every request started before the first one finished.
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
+
+
+def test_metrics_match_the_requests_sent(server) -> None:
+    url = server.metrics_url
+    names = [
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ]
+    wait_for(lambda: _running(server) == 0, what="an idle engine")
+    before = {n: metric(url, n, model=MODEL) for n in names}
+    prompt_tokens = 0
+    for i in range(3):
+        result = stream(
+            server.grpc_url,
+            MODEL,
+            llm_inputs(
+                f"Count to {i + 3}:",
+                sampling={"max_tokens": 7, "ignore_eos": True, "temperature": 0},
+                stream=False,
+                return_num_input_tokens=True,
+            ),
+        )
+        prompt_tokens += int(result.responses[0].as_numpy("num_input_tokens")[0])
+
+    def deltas() -> dict[str, float]:
+        return {n: metric(url, n, model=MODEL) - before[n] for n in names}
+
+    wait_for(lambda: deltas()["vllm:e2e_request_latency_seconds_count"] == 3, what="metrics")
+    assert deltas() == {
+        "vllm:prompt_tokens_total": prompt_tokens,
+        "vllm:generation_tokens_total": 21,
+        "vllm:time_to_first_token_seconds_count": 3,
+        "vllm:time_per_output_token_seconds_count": 3,
+        "vllm:e2e_request_latency_seconds_count": 3,
+    }
