@@ -188,6 +188,19 @@ _ALIASES = {"guided_decoding": "structured_outputs"}
 ACCEPTED_KEYS = tuple(sorted(_SPECS))
 
 
+def parse_sampling_value(key: str, raw_value: Any, name: str) -> Any:
+    """Validate one value of the vocabulary's ``key``; errors name ``name``.
+
+    Engine dialects that carry a sampling key in a tensor of its own (TensorRT-LLM's
+    ``sampling_param_top_p``) use this so the error names the tensor the client sent.
+    """
+    coerce, check, rule = _SPECS[key]
+    value = coerce(name, raw_value)
+    if check is not None and not check(value):
+        raise RequestError(name, f"{rule}, got {raw_value!r}")
+    return value
+
+
 def parse_sampling(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Validate raw key/values from ``source``; return typed values keyed by field name."""
     typed: dict[str, Any] = {}
@@ -200,11 +213,7 @@ def parse_sampling(values: Mapping[str, Any], source: str) -> dict[str, Any]:
             )
         if raw_value is None:
             continue  # JSON null means "use the default", as in OpenAI-style APIs
-        coerce, check, rule = _SPECS[key]
-        value = coerce(name, raw_value)
-        if check is not None and not check(value):
-            raise RequestError(name, f"{rule}, got {raw_value!r}")
-        typed[key] = value
+        typed[key] = parse_sampling_value(key, raw_value, name)
     return typed
 
 

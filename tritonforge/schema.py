@@ -118,12 +118,17 @@ def _token_ids(array: np.ndarray) -> tuple[int, ...]:
 
 
 def parse_request(
-    inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any] | None = None
+    inputs: Mapping[str, np.ndarray],
+    parameters: Mapping[str, Any] | None = None,
+    dialect_sampling: Mapping[str, Any] | None = None,
 ) -> GenerateRequest:
     """Build a :class:`GenerateRequest` from input tensors and request parameters.
 
     Sampling keys may come as request parameters and in the ``sampling_parameters``
     tensor; when both name a key, the tensor wins (it is the more explicit channel).
+    ``dialect_sampling`` holds typed values an engine's input dialect already read
+    from tensors of their own (see :meth:`Engine.translate_inputs`); they rank
+    between request parameters and the ``sampling_parameters`` tensor.
     """
     given = [name for name in PROMPT_INPUTS if name in inputs]
     if len(given) != 1:
@@ -170,9 +175,10 @@ def parse_request(
         from_tensor = parse_sampling(
             decode_json_object(raw, "sampling_parameters"), "sampling_parameters"
         )
-    sampling = build_sampling(from_params, from_tensor)
+    layers = (from_params, dict(dialect_sampling or {}), from_tensor)
+    sampling = build_sampling(*layers)
     if returns.logprobs and sampling.logprobs is None:
-        sampling = build_sampling(from_params, from_tensor, {"logprobs": 0})
+        sampling = build_sampling(*layers, {"logprobs": 0})
 
     return GenerateRequest(
         prompt=prompt,

@@ -104,12 +104,12 @@ class LLMModel:
 
     engine_class: type[Engine]
 
-    @staticmethod
-    def auto_complete_config(config: Any) -> Any:
+    @classmethod
+    def auto_complete_config(cls, config: Any) -> Any:
         present = config.as_dict()
         have_inputs = {i["name"] for i in present.get("input", [])}
         have_outputs = {o["name"] for o in present.get("output", [])}
-        for spec in INPUTS:
+        for spec in [*INPUTS, *cls.engine_class.extra_inputs]:
             if spec["name"] not in have_inputs:
                 config.add_input(spec)
         for spec in OUTPUTS:
@@ -141,6 +141,7 @@ class LLMModel:
             metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
+            poll_interval_s=engine.cancellation_check_s,
         )
         self.runtime.start()
 
@@ -148,8 +149,9 @@ class LLMModel:
         for request in requests:
             channel = TritonChannel(request.get_response_sender())
             try:
-                inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-                parsed = parse_request(inputs, _request_parameters(request))
+                raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                inputs, dialect_sampling = self.engine_class.translate_inputs(raw)
+                parsed = parse_request(inputs, _request_parameters(request), dialect_sampling)
                 self.runtime.submit(parsed, channel)
             except (RequestError, EngineBusy, EngineUnavailable) as exc:
                 channel.send(None, exc, True)

@@ -1,0 +1,91 @@
+"""Exact text deltas for engines whose native output is token ids.
+
+vLLM and TensorRT-LLM detokenize and match stop strings themselves; llama.cpp hands
+back one token at a time, as raw bytes. :class:`TextStream` turns those bytes into
+text deltas with the same guarantees the other engines give:
+
+* a multi-byte UTF-8 character split across tokens is emitted whole, once complete
+  (an incomplete tail at the end of generation becomes U+FFFD, as in vLLM);
+* a stop string ends the text (left out unless ``include_stop``), and text that
+  could still turn into a stop string is held back until it cannot, so a streamed
+  answer never shows a stop string that the non-streamed answer leaves out;
+* concatenating every delta gives exactly the final text.
+
+Pure Python, unit-tested without an engine.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class StopStringMatcher:
+    """Finds the first stop string in streamed text, holding back possible prefixes."""
+
+    def __init__(self, stops: Sequence[str], include_stop: bool) -> None:
+        self._stops = tuple(stops)
+        self._include = include_stop
+        self._pending = ""
+
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """Add ``text``; return the text that is now safe to emit and the stop hit, if any."""
+        self._pending += text
+        hit: tuple[int, str] | None = None
+        for stop in self._stops:
+            at = self._pending.find(stop)
+            if at >= 0 and (hit is None or at < hit[0]):
+                hit = (at, stop)
+        if hit is not None:
+            at, stop = hit
+            emitted = self._pending[: at + (len(stop) if self._include else 0)]
+            self._pending = ""
+            return emitted, stop
+        hold = self._longest_partial_stop()
+        cut = len(self._pending) - hold
+        emitted, self._pending = self._pending[:cut], self._pending[cut:]
+        return emitted, None
+
+    def flush(self) -> str:
+        """Generation ended without a stop string: release what was held back."""
+        emitted, self._pending = self._pending, ""
+        return emitted
+
+    def _longest_partial_stop(self) -> int:
+        """Length of the longest suffix of the pending text that starts a stop string."""
+        best = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(stop[:size]):
+                    best = size
+                    break
+        return best
+
+
+@dataclass
+class TextDelta:
+    """What one token added: text safe to emit, and the stop string if one was hit."""
+
+    text: str
+    stop: str | None = None
+
+
+class TextStream:
+    """Token bytes in, exact text deltas out (UTF-8 safe, stop strings applied)."""
+
+    def __init__(self, stops: Sequence[str] = (), include_stop: bool = False) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopStringMatcher(stops, include_stop)
+
+    def add(self, piece: bytes) -> TextDelta:
+        """Add one token's bytes."""
+        text, stop = self._stops.feed(self._decoder.decode(piece))
+        return TextDelta(text, stop)
+
+    def finish(self) -> TextDelta:
+        """Generation ended: flush a partial character and the held-back text."""
+        tail, stop = self._stops.feed(self._decoder.decode(b"", final=True))
+        if stop is not None:
+            return TextDelta(tail, stop)
+        return TextDelta(tail + self._stops.flush())
