@@ -1,0 +1,411 @@
+"""llama.cpp adapter (llama-cpp-python): the only module that imports llama_cpp.
+
+The engine is one ``llama_cpp.Llama`` built from ``model.json`` (its keyword arguments,
+as vLLM's ``model.json`` holds ``AsyncEngineArgs``), serving a GGUF file directly.
+
+A llama.cpp context runs one sequence at a time, and its calls block. So requests
+queue (FIFO) for one worker thread that owns the context; the event loop only moves
+deltas. The queue is bounded by the runtime's ``max_inflight`` (keep it small in
+config.pbtxt): past it a request gets the "busy" error at once rather than a wait of
+unknown length. The worker checks for abort between tokens, so a cancelled request
+stops costing compute after at most one token (prompt evaluation itself is not
+interruptible), and a request aborted while queued never reaches the context.
+
+llama.cpp hands back token ids; bytes become text through the core's
+:class:`~tritonforge.text_stream.TextStream` (UTF-8 safe, stop strings held back), so
+streamed and non-streamed answers are the same text. Each request evaluates its whole
+prompt from an empty KV cache: reusing a cached prefix would evaluate the last prompt
+token alone, whose logits differ in the last bits from a batched evaluation, and a
+seeded request would then not always reproduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import queue
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, SchemaConverter
+
+from tritonforge.engine_config import resolve_paths
+from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.errors import RequestError
+from tritonforge.sampling import SamplingParams, StructuredOutput
+from tritonforge.text_stream import TextStream
+
+STRUCTURED_FIELD = "sampling_parameters.structured_outputs"
+
+
+# --- structured outputs: every kind becomes a GBNF grammar -----------------------
+
+
+def _gbnf_literal(text: str) -> str:
+    escaped = (
+        text.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+    return f'"{escaped}"'
+
+
+def _regex_gbnf(pattern: str) -> str:
+    """A regular expression (matched whole, as in vLLM) as a GBNF grammar."""
+    pattern = pattern.removeprefix("^")
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1]
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=True)
+    converter.visit({"type": "string", "pattern": f"^{pattern}$"}, "")
+    return converter.format_grammar()
+
+
+def structured_gbnf(spec: StructuredOutput) -> str:
+    """GBNF text for a structured-output constraint; RequestError names what failed.
+
+    ``json`` (a JSON schema) and ``regex`` go through llama.cpp's own schema/regex to
+    grammar converter; ``grammar`` is taken as GBNF, llama.cpp's grammar language
+    (vLLM's ``grammar`` is EBNF/Lark: the same key, another language).
+    """
+    where = f"{STRUCTURED_FIELD}.{spec.kind}"
+    try:
+        if spec.kind == "json":
+            converter = SchemaConverter(
+                prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+            )
+            schema = converter.resolve_refs(spec.value, "request")
+            converter.visit(schema, "")
+            return converter.format_grammar()
+        if spec.kind == "json_object":
+            return JSON_GBNF
+        if spec.kind == "regex":
+            return _regex_gbnf(spec.value)
+        if spec.kind == "choice":
+            return "root ::= " + " | ".join(_gbnf_literal(c) for c in spec.value)
+        return spec.value  # grammar: GBNF as given
+    except Exception as exc:  # the converters raise assorted errors on input they reject
+        raise RequestError(where, f"llama.cpp cannot turn this into a grammar: {exc}") from None
+
+
+# --- one request in the worker's queue -------------------------------------------
+
+
+@dataclass
+class _Job:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    grammar: LlamaGrammar | None
+    deliver: Callable[[EngineOutput | BaseException], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # queued -> running (worker) or queued -> dropped (abort); decided under the lock.
+    state: str = "queued"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+ABORTED = EngineOutput(finished=True, finish_reason="abort")
+
+
+class LlamaCppEngine(Engine):
+    metric_prefix = "llamacpp"
+
+    def __init__(self, llama_kwargs: dict[str, Any]) -> None:
+        self._kwargs = llama_kwargs
+        self._llama: Any = None
+        self._formatter: Jinja2ChatFormatter | None = None
+        self._pieces: tuple[list[bytes], list[bytes]] = ([], [])  # (plain, with specials)
+        self._eog: np.ndarray = np.zeros(0, dtype=bool)
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._queued = 0
+        self._running = 0
+        self._counts = threading.Lock()
+
+    @classmethod
+    def config_file(cls) -> str:
+        return "model.json"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> LlamaCppEngine:
+        values = resolve_paths(dict(config), model_dir, keys=("model_path",))
+        if not values.get("model_path"):
+            raise ValueError("model.json: model_path (a GGUF file) is required")
+        if not Path(values["model_path"]).is_file():
+            raise FileNotFoundError(f"model.json: model_path {values['model_path']} is not a file")
+        # Logits for every position would cost n_ctx x n_vocab floats; logprobs read the
+        # last position's logits directly instead.
+        values["logits_all"] = False
+        values.setdefault("verbose", False)
+        # Penalties should see the whole generation, as vLLM's do, not the last 64 tokens.
+        values.setdefault("last_n_tokens_size", values.get("n_ctx", 512))
+        return cls(values)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._llama = await asyncio.to_thread(lambda: llama_cpp.Llama(**self._kwargs))
+        llama = self._llama
+        vocab = llama._model.vocab
+        self._pieces = (
+            [self._piece(vocab, t, special=False) for t in range(llama.n_vocab())],
+            [self._piece(vocab, t, special=True) for t in range(llama.n_vocab())],
+        )
+        self._eog = np.array(
+            [llama_cpp.llama_token_is_eog(vocab, t) for t in range(llama.n_vocab())], dtype=bool
+        )
+        template = llama.metadata.get("tokenizer.chat_template")
+        if template:
+            self._formatter = Jinja2ChatFormatter(
+                template,
+                eos_token=self._pieces[1][llama.token_eos()].decode("utf-8", "replace"),
+                bos_token=self._pieces[1][llama.token_bos()].decode("utf-8", "replace"),
+            )
+        self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
+        self._worker.start()
+
+    async def shutdown(self) -> None:
+        for job in list(self._jobs.values()):
+            job.cancel.set()
+        self._queue.put(None)
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join)
+        if self._llama is not None:
+            llama, self._llama = self._llama, None
+            llama.close()
+
+    @staticmethod
+    def _piece(vocab: Any, token: int, special: bool) -> bytes:
+        size = 64
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n
+
+    # --- the model -----------------------------------------------------------------
+
+    @property
+    def max_context(self) -> int:
+        return self._llama.n_ctx()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._llama.n_vocab()
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        # add_bos asks for the model's own special tokens (BOS only if its vocab says so);
+        # special=True parses special-token text, as HF tokenizers do.
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True)
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        if self._formatter is None:
+            raise RequestError("messages", "this GGUF has no chat template; send text_input")
+        try:
+            return self._formatter(messages=[dict(m) for m in messages]).prompt
+        except ValueError as exc:  # the template's raise_exception()
+            raise RequestError("messages", f"rejected by the chat template: {exc}") from None
+
+    # --- requests ------------------------------------------------------------------
+
+    def _grammar(self, sampling: SamplingParams) -> LlamaGrammar | None:
+        spec = sampling.structured_outputs
+        if spec is None:
+            return None
+        text = structured_gbnf(spec)
+        # llama.cpp returns NULL for a grammar it cannot parse, and adding NULL to a
+        # sampler chain crashes: check it here, where a bad grammar is the client's error.
+        probe = llama_cpp.llama_sampler_init_grammar(
+            self._llama._model.vocab, text.encode("utf-8"), b"root"
+        )
+        if not probe:
+            raise RequestError(
+                f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar"
+            )
+        llama_cpp.llama_sampler_free(probe)
+        return LlamaGrammar.from_string(text, verbose=False)
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        assert self._llama is not None, "engine not started"
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        job = _Job(
+            request_id,
+            list(prompt.token_ids),
+            sampling,
+            self._grammar(sampling),
+            lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
+        )
+        self._jobs[request_id] = job
+        with self._counts:
+            self._queued += 1
+        self._queue.put(job)
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._jobs.pop(request_id, None)
+            self._drop(job)  # the consumer may have left early: stop the work
+
+    def _drop(self, job: _Job) -> bool:
+        """Abort ``job``; True if it was still queued (it will never run)."""
+        job.cancel.set()
+        with job.lock:
+            if job.state != "queued":
+                return False
+            job.state = "dropped"
+        with self._counts:
+            self._queued -= 1
+        return True
+
+    async def abort(self, request_id: str) -> None:
+        job = self._jobs.get(request_id)
+        if job is not None and self._drop(job):
+            job.deliver(ABORTED)
+
+    def stats(self) -> EngineStats:
+        used = self._llama.n_tokens / self._llama.n_ctx() if self._running else 0.0
+        return EngineStats(running=self._running, waiting=self._queued, kv_cache_usage=used)
+
+    # --- the worker thread ---------------------------------------------------------
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            with job.lock:
+                if job.state != "queued":
+                    continue
+                job.state = "running"
+            with self._counts:
+                self._queued -= 1
+                self._running = 1
+            try:
+                self._run(job)
+            except Exception as exc:
+                job.deliver(exc)
+            finally:
+                with self._counts:
+                    self._running = 0
+        # Shutting down: whatever is still queued will not run.
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and self._drop(job):
+                job.deliver(ABORTED)
+
+    def _logits_row(self) -> np.ndarray:
+        """Raw logits the last sampled token was drawn from (valid until the next eval)."""
+        pointer = llama_cpp.llama_get_logits_ith(self._llama._ctx.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
+
+    def _logprobs(self, token: int, top: int) -> tuple[dict[int, dict[str, Any]], float]:
+        logits = self._logits_row()
+        logprobs = logits - logits.max()
+        logprobs -= np.log(np.exp(logprobs).sum())
+        chosen = float(logprobs[token])
+        # As vLLM: the sampled token, plus the ``top`` most likely ones.
+        ids = [token, *(int(t) for t in np.argsort(-logprobs)[:top] if t != token)]
+        entry = {
+            t: {
+                "logprob": float(logprobs[t]),
+                "rank": int((logprobs > logprobs[t]).sum()) + 1,
+                "decoded_token": self._pieces[1][t].decode("utf-8", "replace"),
+            }
+            for t in ids
+        }
+        return entry, chosen
+
+    def _run(self, job: _Job) -> None:
+        params, llama = job.sampling, self._llama
+        # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        llama.set_seed(seed % 0xFFFFFFFF)
+        llama.reset()
+        pieces = self._pieces[0 if params.skip_special_tokens else 1]
+        stream = TextStream(params.stop, params.include_stop_str_in_output)
+        limit = min(params.max_tokens, llama.n_ctx() - len(job.prompt))
+        stop_ids = set(params.stop_token_ids)
+        eog = self._eog
+        generated = 0
+
+        def forbid_end(_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+            if params.ignore_eos or generated < params.min_tokens:
+                logits[eog] = -np.inf
+            return logits
+
+        needs_processor = params.ignore_eos or params.min_tokens > 0
+        cumulative = 0.0 if params.logprobs is not None else None
+        tokens = llama.generate(
+            job.prompt,
+            top_k=max(params.top_k, 0),
+            top_p=params.top_p,
+            min_p=params.min_p,
+            typical_p=1.0,
+            temp=params.temperature,
+            repeat_penalty=params.repetition_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            logits_processor=[forbid_end] if needs_processor else None,
+            grammar=job.grammar,
+        )
+        try:
+            for token in tokens:
+                if job.cancel.is_set():
+                    job.deliver(ABORTED)
+                    return
+                generated += 1
+                logprobs = None
+                if params.logprobs is not None:
+                    entry, chosen = self._logprobs(token, params.logprobs)
+                    logprobs = [entry]
+                    cumulative += chosen
+                reason: str | None = None
+                if eog[token] or token in stop_ids:
+                    # An end token adds no text (as in vLLM) unless it is a stop token
+                    # the client asked to see.
+                    text = ""
+                    if token in stop_ids and params.include_stop_str_in_output:
+                        text = stream.add(pieces[token]).text
+                    text += stream.finish().text
+                    reason = "stop"
+                else:
+                    delta = stream.add(pieces[token])
+                    text = delta.text
+                    if delta.stop is not None:
+                        reason = "stop"
+                    elif generated >= limit:
+                        end = stream.finish()
+                        text += end.text
+                        reason = "stop" if end.stop is not None else "length"
+                job.deliver(
+                    EngineOutput(
+                        text=text,
+                        token_ids=[int(token)],
+                        logprobs=logprobs,
+                        cumulative_logprob=cumulative,
+                        finished=reason is not None,
+                        finish_reason=reason,
+                    )
+                )
+                if reason is not None:
+                    return
+        finally:
+            tokens.close()
