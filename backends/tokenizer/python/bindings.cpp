@@ -23,6 +23,19 @@ std::vector<tt::TokenId> ToIds(const py::sequence& ids) {
   return out;
 }
 
+// UTF-8 of a Python str; a str with lone surrogates has none, which is bad input.
+std::string Utf8(const py::handle& text, const char* what) {
+  if (!PyUnicode_Check(text.ptr())) throw py::type_error(std::string(what) + " must be str");
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    throw tt::InputError(std::string(what) +
+                         " is not valid Unicode (it contains a lone surrogate)");
+  }
+  return std::string(data, static_cast<std::size_t>(size));
+}
+
 py::str Text(const std::string& text) {
   return py::reinterpret_steal<py::str>(
       PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict"));
@@ -54,19 +67,25 @@ PYBIND11_MODULE(_core, m) {
           py::arg("json"))
       .def(
           "encode",
-          [](const tt::Tokenizer& self, const std::string& text, bool add_special_tokens) {
+          [](const tt::Tokenizer& self, const py::handle& text, bool add_special_tokens) {
+            const std::string utf8 = Utf8(text, "text");
             std::vector<tt::TokenId> ids;
             {
               py::gil_scoped_release release;
-              ids = self.Encode(text, add_special_tokens);
+              ids = self.Encode(utf8, add_special_tokens);
             }
             return ids;
           },
           py::arg("text"), py::arg("add_special_tokens") = true)
       .def(
           "encode_batch",
-          [](const tt::Tokenizer& self, const std::vector<std::string>& texts,
-             bool add_special_tokens, unsigned threads) {
+          [](const tt::Tokenizer& self, const py::sequence& items, bool add_special_tokens,
+             unsigned threads) {
+            std::vector<std::string> texts;
+            texts.reserve(py::len(items));
+            for (const py::handle item : items) {
+              texts.push_back(Utf8(item, ("text " + std::to_string(texts.size())).c_str()));
+            }
             std::vector<std::vector<tt::TokenId>> ids;
             {
               py::gil_scoped_release release;
