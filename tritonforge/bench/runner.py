@@ -348,10 +348,7 @@ class Runner:
             return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
         data = json.loads(out_path.read_text())
         result.startup_s = data["startup_s"]
-        if data["dropped_settings"]:
-            result.notes.append(
-                f"not LLM arguments, left out: {', '.join(data['dropped_settings'])}"
-            )
+        result.notes += data["notes"]
         for level in data["levels"]:
             records = [RequestRecord(**r) for r in level["records"]]
             if level["error"] and not records:
