@@ -33,6 +33,7 @@ def _model_processes(server, model: str) -> list[psutil.Process]:
 
 
 def test_unload_with_a_request_in_flight_then_reload(triton_server) -> None:
+    """Triton lets in-flight requests finish before finalize(); then stub and engine exit."""
     server = triton_server
     assert server.process is not None, "needs a server owned by the test session"
     before = _model_processes(server, MODEL)
@@ -45,9 +46,13 @@ def test_unload_with_a_request_in_flight_then_reload(triton_server) -> None:
         outcome["result"] = stream(
             server.grpc_url,
             MODEL,
-            llm_inputs("Once upon a time", sampling={"max_tokens": 1500, "ignore_eos": True}),
+            llm_inputs(
+                "Once upon a time",
+                sampling={"max_tokens": 120, "ignore_eos": True},
+                return_finish_reason=True,
+            ),
             on_response=lambda n: n == 2 and started.set(),
-            timeout_s=90,
+            timeout_s=180,
         )
 
     worker = threading.Thread(target=long_request)
