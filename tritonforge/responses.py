@@ -49,6 +49,27 @@ class Generation:
         )
 
 
+def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutput:
+    """One delta covering ``first`` followed by ``then`` (``then`` when nothing is held)."""
+    if first is None:
+        return then
+    logprobs = None
+    if first.logprobs is not None or then.logprobs is not None:
+        logprobs = (first.logprobs or []) + (then.logprobs or [])
+    return EngineOutput(
+        text=first.text + then.text,
+        token_ids=first.token_ids + then.token_ids,
+        logprobs=logprobs,
+        cumulative_logprob=(
+            then.cumulative_logprob
+            if then.cumulative_logprob is not None
+            else first.cumulative_logprob
+        ),
+        finished=then.finished,
+        finish_reason=then.finish_reason,
+    )
+
+
 def _bytes(value: str) -> np.ndarray:
     return np.array([value.encode("utf-8")], dtype=np.object_)
 

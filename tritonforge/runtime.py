@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tritonforge.engines.base import Engine, EngineStats
+from tritonforge.engines.base import Engine, EngineOutput, EngineStats
 from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
-from tritonforge.responses import Generation, build_outputs
+from tritonforge.responses import Generation, build_outputs, merge_outputs
 from tritonforge.schema import GenerateRequest
 
 
@@ -184,6 +184,7 @@ class Runtime:
             prompt_tokens = len(prepared.token_ids)
             prefix = prepared.text if request.prepend_input and prepared.text else ""
             generation = Generation()
+            held: EngineOutput | None = None
             async for delta in self.engine.generate(request_id, prepared, request.sampling):
                 if entry.cancelled:
                     break
@@ -193,9 +194,17 @@ class Runtime:
                 finished = delta.finished
                 if not request.stream:
                     generation.add(delta)
-                elif delta.text or delta.token_ids or finished:
-                    outputs = build_outputs(delta, request.returns, prompt_tokens)
+                    continue
+                # Tokens whose text is not complete yet (half a UTF-8 character, a
+                # possible stop string) ride with the response that completes it, so
+                # each response's output_ids decode to exactly its text_output. A
+                # stateless detokenizer downstream (the ensemble's postprocessing)
+                # then streams exact text without keeping per-request state.
+                held = merge_outputs(held, delta)
+                if held.text or finished:
+                    outputs = build_outputs(held, request.returns, prompt_tokens)
                     self._send(entry, outputs, None, finished)
+                    held = None
             if entry.cancelled:
                 outcome = "cancelled"
                 self._send(entry, None, asyncio.CancelledError("request cancelled"), True)
@@ -206,7 +215,10 @@ class Runtime:
                 self._send(entry, outputs, None, True)
                 outcome = "finished"
             else:
-                if not finished:  # the engine stopped without a final delta: close the stream
+                if held is not None:  # the engine stopped mid-character: flush, close
+                    outputs = build_outputs(held, request.returns, prompt_tokens)
+                    self._send(entry, outputs, None, True)
+                elif not finished:  # the engine stopped without a final delta: close
                     self._send(entry, None, None, True)
                 outcome = "finished"
         except RequestError as exc:

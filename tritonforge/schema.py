@@ -159,13 +159,15 @@ def parse_request(
         exclude = stream
     prepend_input = prompt is not None and not exclude
 
-    returns = ReturnFlags(
-        **{
-            name.removeprefix("return_"): _flag(name, inputs[name])
-            for name in RETURN_INPUTS
-            if name in inputs
-        }
-    )
+    flags = {
+        name.removeprefix("return_"): _flag(name, inputs[name])
+        for name in RETURN_INPUTS
+        if name in inputs
+    }
+    # Token ids in, token ids out: a token-level caller (an ensemble's LLM step, whose
+    # inputs come only from the ensemble's tensors) gets output_ids unless it opts out.
+    flags.setdefault("output_ids", prompt_ids is not None)
+    returns = ReturnFlags(**flags)
 
     params = {k: v for k, v in (parameters or {}).items() if k not in TRANSPORT_PARAMETERS}
     from_params = parse_sampling(params, "parameters")

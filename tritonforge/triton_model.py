@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonforge.cancellation import CancelBoard
 from tritonforge.engine_config import load_engine_config
 from tritonforge.engines.base import Engine
 from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
@@ -67,10 +68,17 @@ def triton_error(exc: BaseException) -> Any:
 
 
 class TritonChannel:
-    """A request's response sender, as the runtime's :class:`~tritonforge.runtime.Channel`."""
+    """A request's response sender, as the runtime's :class:`~tritonforge.runtime.Channel`.
 
-    def __init__(self, sender: Any) -> None:
+    A request is cancelled when Triton says so or when the BLS model that sent it
+    marked its id on the :class:`CancelBoard` (Triton 24.10 BLS cannot cancel).
+    """
+
+    _board = CancelBoard()
+
+    def __init__(self, sender: Any, request_id: str = "") -> None:
         self._sender = sender
+        self._request_id = request_id
 
     def send(
         self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
@@ -88,7 +96,7 @@ class TritonChannel:
         self._sender.send(response, flags=flags)
 
     def is_cancelled(self) -> bool:
-        return self._sender.is_cancelled()
+        return self._sender.is_cancelled() or self._board.is_cancelled(self._request_id)
 
 
 def _request_parameters(request: Any) -> dict[str, Any]:
@@ -147,7 +155,7 @@ class LLMModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            channel = TritonChannel(request.get_response_sender())
+            channel = TritonChannel(request.get_response_sender(), request.request_id())
             try:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 inputs, dialect_sampling = self.engine_class.translate_inputs(raw)

@@ -1,0 +1,174 @@
+"""guarded_chat: a decoupled BLS model binding :mod:`tritonforge.guarded_chat` to Triton.
+
+``execute`` validates each request (errors name the field), then serves it on its own
+thread and returns at once: a BLS call to the decoupled ``vllm_model`` blocks while it
+streams (in 24.10 even ``async_exec`` hands back a plain iterator), so running it on
+Triton's thread would serialise all clients. ``finalize`` cancels what is in flight
+through the :class:`~tritonforge.cancellation.CancelBoard` and waits for every thread,
+so an unload returns promptly and leaves no BLS request behind.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.cancellation import CancelBoard
+from tritonforge.errors import EngineBusy, RequestError
+from tritonforge.guarded_chat import (
+    ClientCancelled,
+    GuardedChat,
+    InnerError,
+    InnerEvent,
+    guard_inputs,
+    sampling_json,
+)
+from tritonforge.schema import parse_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _error(exc: BaseException) -> Any:
+    if isinstance(exc, RequestError):
+        code = pb_utils.TritonError.INVALID_ARG
+    elif isinstance(exc, EngineBusy):
+        code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, ClientCancelled):
+        code = pb_utils.TritonError.CANCELLED
+    elif isinstance(exc, InnerError) and exc.code is not None:
+        code = exc.code
+    else:
+        code = pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(str(exc), code)
+
+
+class _Outbox:
+    """A response sender as :class:`~tritonforge.guarded_chat.Outbox`."""
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender
+
+    @staticmethod
+    def _response(tensors: dict[str, np.ndarray] | None, error: Exception | None) -> Any:
+        if error is not None:
+            return pb_utils.InferenceResponse(error=_error(error))
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in (tensors or {}).items()]
+        )
+
+    def send(self, tensors: dict[str, np.ndarray], error: None = None) -> None:
+        self._sender.send(self._response(tensors, error))
+
+    def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
+        self._sender.send(self._response(tensors, error), flags=FINAL)
+
+    def is_cancelled(self) -> bool:
+        return self._sender.is_cancelled()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.inner_model = parameters.get("llm_model", "vllm_model")
+        self.max_inflight = int(parameters.get("max_inflight", "64"))
+        self.board = CancelBoard()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, threading.Thread] = {}
+        self._closing = False
+
+    # --- the BLS call --------------------------------------------------------------
+
+    def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str):
+        request = pb_utils.InferenceRequest(
+            model_name=self.inner_model,
+            inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
+            requested_output_names=["text_output"],
+            request_id=request_id,
+        )
+        for response in request.exec(decoupled=True):
+            if response.has_error():
+                error = response.error()
+                yield InnerEvent(error=error.message(), code=error.code())
+                continue
+            text = pb_utils.get_output_tensor_by_name(response, "text_output")
+            if text is not None:
+                value = text.as_numpy().reshape(-1)
+                yield InnerEvent(text=b"".join(value).decode("utf-8") if value.size else "")
+
+    # --- Triton entry points -------------------------------------------------------
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            outbox = _Outbox(request.get_response_sender())
+            try:
+                inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+                raw = request.parameters()
+                parameters = json.loads(raw) if isinstance(raw, str) and raw else {}
+                parsed = parse_request(inputs, parameters)
+                guarded = guard_inputs(parsed, parameters)
+                tensor_json = None
+                if "sampling_parameters" in inputs:
+                    tensor_json = inputs["sampling_parameters"].reshape(-1)[0].decode("utf-8")
+                sampling = sampling_json(parameters, tensor_json)
+                if sampling is not None:
+                    guarded.tensors["sampling_parameters"] = np.array(
+                        [sampling.encode()], dtype=np.object_
+                    )
+                self._start(
+                    GuardedChat(
+                        parsed,
+                        guarded,
+                        f"guarded_chat-{uuid.uuid4().hex}",
+                        self.board,
+                        self.inner_model,
+                    ),
+                    outbox,
+                )
+            except Exception as exc:
+                if not isinstance(exc, RequestError | EngineBusy):
+                    pb_utils.Logger.log_error(f"[guarded_chat] execute failed: {exc!r}")
+                outbox.close(None, exc)
+        return None
+
+    def _start(self, chat: GuardedChat, outbox: _Outbox) -> None:
+        with self._lock:
+            if self._closing:
+                raise EngineBusy("guarded_chat is unloading; no new requests are accepted")
+            if len(self._inflight) >= self.max_inflight:
+                raise EngineBusy(
+                    f"guarded_chat is busy: {self.max_inflight} requests in flight "
+                    "(max_inflight); retry later"
+                )
+            thread = threading.Thread(
+                target=self._serve, args=(chat, outbox), name="guarded-chat", daemon=True
+            )
+            self._inflight[chat.request_id] = thread
+        thread.start()
+
+    def _serve(self, chat: GuardedChat, outbox: _Outbox) -> None:
+        try:
+            chat.run(self._call_inner, outbox)
+        except Exception as exc:  # a bug here must still end the client's request
+            pb_utils.Logger.log_error(f"[guarded_chat] request failed: {exc!r}")
+            try:
+                outbox.close(None, exc)
+            except Exception as send_exc:
+                pb_utils.Logger.log_error(f"[guarded_chat] could not send error: {send_exc!r}")
+        finally:
+            with self._lock:
+                self._inflight.pop(chat.request_id, None)
+
+    def finalize(self) -> None:
+        with self._lock:
+            self._closing = True
+            inflight = dict(self._inflight)
+        for request_id in inflight:
+            self.board.cancel(request_id)
+        for thread in inflight.values():
+            thread.join(timeout=20)

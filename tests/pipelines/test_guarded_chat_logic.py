@@ -1,0 +1,145 @@
+"""GuardedChat without a server: fake inner stream, fake response sender."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tritonforge.cancellation import CancelBoard
+from tritonforge.guarded_chat import (
+    ClientCancelled,
+    GuardedChat,
+    InnerError,
+    InnerEvent,
+    guard_inputs,
+    sampling_json,
+)
+from tritonforge.schema import parse_request
+
+
+class FakeOutbox:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.sent: list[dict] = []
+        self.final: tuple[dict | None, Exception | None] | None = None
+        self.cancel_after = cancel_after
+
+    def send(self, tensors, error=None) -> None:
+        assert self.final is None, "nothing may follow the final response"
+        self.sent.append(tensors)
+
+    def close(self, tensors, error) -> None:
+        assert self.final is None, "exactly one final response"
+        self.final = (tensors, error)
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+    def text(self) -> str:
+        tensors = [*self.sent, self.final[0]] if self.final and self.final[0] else self.sent
+        return "".join(t["text_output"][0].decode() for t in tensors)
+
+
+def _chat(prompt: str, board: CancelBoard, stream: bool = True) -> GuardedChat:
+    inputs = {
+        "text_input": np.array([prompt.encode()], dtype=np.object_),
+        "stream": np.array([stream]),
+    }
+    request = parse_request(inputs)
+    return GuardedChat(request, guard_inputs(request, {}), "rid-1", board, poll_interval_s=0)
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> CancelBoard:
+    return CancelBoard(tmp_path / "board")
+
+
+def _inner(*events: InnerEvent, seen: list | None = None):
+    def call(tensors: dict, request_id: str) -> Iterator[InnerEvent]:
+        if seen is not None:
+            seen.append(tensors)
+        yield from events
+
+    return call
+
+
+def test_prompt_is_redacted_before_the_llm_sees_it(board: CancelBoard) -> None:
+    seen: list = []
+    chat = _chat("mail jo@example.com please", board)
+    outbox = FakeOutbox()
+    assert chat.run(_inner(InnerEvent(text="ok"), seen=seen), outbox) == "finished"
+    assert seen[0]["text_input"][0] == b"mail [EMAIL] please"
+    assert seen[0]["stream"].tolist() == [True]
+    first = outbox.sent[0] if outbox.sent else outbox.final[0]
+    assert json.loads(first["input_findings"][0]) == [{"type": "email", "start": 5, "end": 19}]
+
+
+def test_output_secret_split_across_chunks_never_reaches_the_client(board) -> None:
+    chunks = ["Sure: 4111 1", "111 1111 ", "1111 is", " it."]
+    outbox = FakeOutbox()
+    _chat("hi", board).run(_inner(*(InnerEvent(text=c) for c in chunks)), outbox)
+    assert outbox.text() == "Sure: [CARD] is it."
+    streamed = [t["text_output"][0].decode() for t in outbox.sent]
+    assert not any("1111" in part for part in streamed)
+    findings = [f for t in outbox.sent for f in json.loads(t["output_findings"][0])]
+    findings += json.loads(outbox.final[0]["output_findings"][0])
+    assert findings == [{"type": "card", "start": 6, "end": 25}]
+
+
+def test_non_streamed_answer_comes_whole_in_one_final_response(board) -> None:
+    outbox = FakeOutbox()
+    chat = _chat("hi", board, stream=False)
+    chat.run(_inner(InnerEvent(text="call +44 20 "), InnerEvent(text="7946 0958")), outbox)
+    assert outbox.sent == []
+    assert outbox.final[0]["text_output"][0] == b"call [PHONE]"
+
+
+def test_inner_error_reaches_the_client_with_its_code_after_draining(board) -> None:
+    drained: list[int] = []
+
+    def call(tensors, request_id):
+        yield InnerEvent(text="partial ")
+        yield InnerEvent(error="text_input: prompt is too long", code=3)
+        drained.append(1)
+
+    outbox = FakeOutbox()
+    assert _chat("hi", board).run(call, outbox) == "failed"
+    error = outbox.final[1]
+    assert isinstance(error, InnerError) and error.code == 3
+    assert str(error) == "vllm_model: text_input: prompt is too long"
+    assert drained == [1]
+
+
+def test_a_failing_bls_call_becomes_an_error_response(board) -> None:
+    def call(tensors, request_id):
+        raise RuntimeError("Failed for execute the inference request. Model 'x' is not ready.")
+        yield  # pragma: no cover
+
+    outbox = FakeOutbox()
+    assert _chat("hi", board).run(call, outbox) == "failed"
+    assert "is not ready" in str(outbox.final[1])
+
+
+def test_client_cancel_marks_the_board_and_drains_the_inner_stream(board) -> None:
+    marked: list[bool] = []
+
+    def call(tensors, request_id):
+        for i in range(5):
+            marked.append(board.is_cancelled(request_id))
+            yield InnerEvent(text=f"word{i} ")
+
+    outbox = FakeOutbox(cancel_after=1)
+    assert _chat("hi", board).run(call, outbox) == "cancelled"
+    assert True in marked  # the callee could see the cancellation
+    assert len(marked) == 5  # and the stream was drained, not abandoned
+    assert isinstance(outbox.final[1], ClientCancelled)
+    assert not board.is_cancelled("rid-1")  # the mark is cleared afterwards
+
+
+def test_sampling_parameters_merge_request_parameters_and_tensor() -> None:
+    merged = sampling_json({"max_tokens": 5, "timeout": 3}, '{"temperature": 0}')
+    assert json.loads(merged) == {"max_tokens": 5, "temperature": 0}
+    assert sampling_json({}, None) is None
