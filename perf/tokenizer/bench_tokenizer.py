@@ -1,0 +1,245 @@
+"""Tokenizer benchmark: C++ `preprocessing` vs Python `preprocessing_py`, pybind11 vs HF.
+
+Why this shape: issue 3 asks whether the C++ backend takes the tokenizer off the request
+path — server-side latency (queue + compute as Triton itself reports it, so network and
+client costs cannot blur the comparison) of both models in the same server on the same
+100- and 2,000-token prompts, measured by perf_analyzer; and whether the pybind11 module
+is at least as fast as HF `tokenizers` from Python.
+
+    .venv/bin/python perf/tokenizer/bench_tokenizer.py   # -> perf/results/tokenizer/<UTC>/
+
+Needs the built tokenizer (scripts/build_tokenizer.sh), the default model
+(python -m tritonforge.model_store) and perf_analyzer (scripts/setup_bench_venv.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import timeit
+from datetime import UTC, datetime
+from pathlib import Path
+
+import tokenizers
+import tritonforge_tokenizer as tt
+from tokenizers import Tokenizer as HfTokenizer
+
+from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer, free_port
+
+TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
+PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
+MODELS = ("preprocessing", "preprocessing_py")
+PROMPT_TOKENS = (100, 2000)
+SERVER_COLUMNS = (
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+)
+
+
+def prompt_of(hf: HfTokenizer, tokens: int) -> str:
+    """Real English text (this repository's Python sources) cut to exactly `tokens` ids."""
+    source = "\n".join(p.read_text() for p in sorted((REPO_ROOT / "tritonforge").glob("*.py")))
+    ids = hf.encode(source).ids
+    if len(ids) < tokens:
+        raise SystemExit(f"not enough source text for a {tokens}-token prompt")
+    cut = tokens
+    while True:  # decoding a prefix may re-encode to one id more or less: adjust
+        text = hf.decode(ids[:cut])
+        count = len(hf.encode(text).ids)
+        if count == tokens:
+            return text
+        cut += tokens - count
+
+
+def machine() -> dict[str, object]:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(mem_kb / 2**20, 1),
+        # Other work on the machine shows up here and in the spread of the numbers.
+        "load_average_at_start": os.getloadavg()[0],
+    }
+
+
+def versions() -> dict[str, str]:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    pa = subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True, text=True)
+    return {
+        "python": platform.python_version(),
+        "tokenizers": tokenizers.__version__,
+        "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
+        "perf_analyzer": (pa.stdout or pa.stderr).strip().splitlines()[0]
+        if pa.stdout or pa.stderr
+        else "?",
+        "tritonforge_commit": commit,
+    }
+
+
+def python_encode_speed(text: str, hf: HfTokenizer, ours: tt.Tokenizer) -> dict[str, float]:
+    """Best-of-5 mean µs per call: encode one prompt, and a 64-prompt batch."""
+
+    def best(stmt, number: int) -> float:
+        return min(timeit.repeat(stmt, number=number, repeat=5)) / number * 1e6
+
+    batch = [text] * 64
+    assert ours.encode(text) == hf.encode(text).ids
+    number = 2000 if len(text) < 2000 else 100
+    return {
+        "hf_encode_us": best(lambda: hf.encode(text).ids, number),
+        "pybind_encode_us": best(lambda: ours.encode(text), number),
+        "hf_encode_batch64_us": best(lambda: [e.ids for e in hf.encode_batch(batch)], 20),
+        "pybind_encode_batch64_us": best(lambda: ours.encode_batch(batch), 20),
+    }
+
+
+def run_perf_analyzer(grpc_url: str, model: str, data: Path, out: Path) -> dict[str, float]:
+    cmd = [
+        str(PERF_ANALYZER),
+        "-m", model,
+        "-u", grpc_url,
+        "-i", "grpc",
+        "--input-data", str(data),
+        "-b", "1",
+        "--concurrency-range", "1",
+        "--measurement-interval", "4000",
+        "-s", "50",
+        "--max-trials", "30",
+        "-f", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"perf_analyzer failed on {model}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    row = next(csv.DictReader(out.open()))
+    server = sum(float(row[c]) for c in SERVER_COLUMNS)
+    return {
+        "server_latency_us": server,
+        **{c.lower().replace(" ", "_") + "_us": float(row[c]) for c in SERVER_COLUMNS},
+        "client_p50_latency_us": float(row["p50 latency"]),
+        "client_p99_latency_us": float(row["p99 latency"]),
+        "throughput_infer_per_s": float(row["Inferences/Second"]),
+    }
+
+
+def report(results: dict) -> str:
+    lines = [
+        "# Tokenizer benchmark",
+        "",
+        f"{results['date']} · {results['machine']['cpu']} · {results['machine']['cores']} cores · "
+        f"{results['machine']['ram_gib']} GiB · "
+        + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        "",
+        "## Server-side latency per request (perf_analyzer, gRPC, concurrency 1, `-s 50`)",
+        "",
+        "| prompt | C++ `preprocessing` µs | Python `preprocessing_py` µs | C++ / Python "
+        "| client p50 C++ / Python µs |",
+        "|---|---|---|---|---|",
+    ]
+    for tokens in PROMPT_TOKENS:
+        cpp = results["server"][f"{tokens}"]["preprocessing"]
+        py = results["server"][f"{tokens}"]["preprocessing_py"]
+        lines.append(
+            f"| {tokens} tokens | {cpp['server_latency_us']:.0f} | {py['server_latency_us']:.0f} | "
+            f"{cpp['server_latency_us'] / py['server_latency_us']:.2f}× | "
+            f"{cpp['client_p50_latency_us']:.0f} / {py['client_p50_latency_us']:.0f} |"
+        )
+    lines += [
+        "",
+        "Server latency = queue + compute input + compute infer + compute output, as Triton "
+        "reports it per request (the C++ backend stops its clock once the outputs are filled, "
+        "before handing the response over, like Triton's own backends). Client p50 is the "
+        "whole round trip. Target (issue 3): C++ ≤ 0.25× Python. Load average when the run "
+        f"started: {results['machine']['load_average_at_start']:.1f} on "
+        f"{results['machine']['cores']} cores.",
+        "",
+        "## Encode from Python (best of 5, µs per call)",
+        "",
+        "| prompt | HF `tokenizers` | pybind11 | HF batch×64 | pybind11 batch×64 |",
+        "|---|---|---|---|---|",
+    ]
+    for tokens in PROMPT_TOKENS:
+        r = results["python"][f"{tokens}"]
+        lines.append(
+            f"| {tokens} tokens | {r['hf_encode_us']:.1f} | {r['pybind_encode_us']:.1f} | "
+            f"{r['hf_encode_batch64_us']:.0f} | {r['pybind_encode_batch64_us']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results" / "tokenizer")
+    args = parser.parse_args(argv)
+    if not PERF_ANALYZER.exists():
+        raise SystemExit(f"{PERF_ANALYZER} missing: run scripts/setup_bench_venv.sh")
+    hf = HfTokenizer.from_file(str(TOKENIZER_FILE))
+    ours = tt.Tokenizer.from_file(str(TOKENIZER_FILE))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = args.out / stamp
+    run_dir.mkdir(parents=True)
+    prompts = {tokens: prompt_of(hf, tokens) for tokens in PROMPT_TOKENS}
+    results: dict = {
+        "date": stamp,
+        "machine": machine(),
+        "versions": versions(),
+        "prompt_tokens": {str(t): len(hf.encode(p).ids) for t, p in prompts.items()},
+        "python": {str(t): python_encode_speed(p, hf, ours) for t, p in prompts.items()},
+        "server": {},
+    }
+    server = TritonServer(
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        models=list(MODELS),
+        log_path=run_dir / "server.log",
+    )
+    server.start()
+    try:
+        server.wait_ready(300)
+        for tokens, text in prompts.items():
+            data = run_dir / f"input_{tokens}.json"
+            data.write_text(
+                json.dumps({"data": [{"text_input": {"content": [text], "shape": [1]}}]})
+            )
+            results["server"][str(tokens)] = {
+                model: run_perf_analyzer(
+                    server.grpc_url, model, data, run_dir / f"{model}_{tokens}.csv"
+                )
+                for model in MODELS
+            }
+            print(f"{tokens} tokens: {json.dumps(results['server'][str(tokens)])}", flush=True)
+            time.sleep(1)
+    finally:
+        server.stop()
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (run_dir / "report.md").write_text(report(results))
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
