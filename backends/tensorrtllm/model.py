@@ -1,0 +1,10 @@
+"""Triton backend "tensorrtllm": the engine-agnostic core bound to TensorRT-LLM's LLM API.
+
+Importing this file never imports tensorrt_llm (that happens when the model loads), so
+where TensorRT-LLM is missing the load fails with a message instead of a stub crash.
+"""
+
+from tritonforge.engines.tensorrtllm import TensorRTLLMEngine
+from tritonforge.triton_model import make_model
+
+TritonPythonModel = make_model(TensorRTLLMEngine)

@@ -1,0 +1,409 @@
+"""TensorRT-LLM adapter (LLM API, PyTorch backend): the only module that uses tensorrt_llm.
+
+Configuration is ``model.yaml`` in upstream's llmapi Triton model format: every key but
+``triton_config`` goes to ``tensorrt_llm.LLM(**kwargs)``; ``triton_config`` holds the
+Triton-side settings. Each request runs as ``LLM.generate_async(..., streaming=True)``;
+the engine returns cumulative :class:`CompletionOutput` objects whose ``text_diff`` /
+``token_ids_diff`` are the deltas the core streams. A cancelled client aborts the
+request (``RequestOutput.abort()``); unloading shuts the LLM down.
+
+``tensorrt_llm`` is imported when the model loads, not when this module is imported:
+it initialises CUDA on import (upstream defers it for the same reason), and where it is
+missing the load must fail with a message that says so rather than a bare traceback.
+The adapter takes the LLM API as a parameter, which is also how the contract test
+(tests/contract) drives it against a stand-in of the documented API.
+
+Clients of upstream's model and of genai-perf ``--backend tensorrtllm`` work unchanged:
+:func:`translate_trtllm_inputs` maps their tensors (``sampling_param_*``, ``streaming``,
+``max_tokens``, ``runtime_top_k`` …) onto the common schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tritonforge.engine_config import resolve_paths
+from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.errors import RequestError
+from tritonforge.sampling import SamplingParams, parse_sampling_value
+from tritonforge.text_stream import StopStringMatcher
+
+# --- the LLM API, loaded at model load ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmApi:
+    """The three names of the LLM API the adapter uses."""
+
+    LLM: Any
+    SamplingParams: Any
+    GuidedDecodingParams: Any
+
+
+def load_llm_api() -> LlmApi:
+    """Import TensorRT-LLM's LLM API, or fail with a message saying what is missing."""
+    try:
+        trtllm = importlib.import_module("tensorrt_llm")
+        sampling = importlib.import_module("tensorrt_llm.sampling_params")
+    except ImportError as exc:
+        raise RuntimeError(
+            "tensorrt_llm_model needs TensorRT-LLM, which is not importable here "
+            f"({exc}). It runs on NVIDIA GPUs: use the NGC image "
+            "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (see docker/Dockerfile.trtllm)."
+        ) from None
+    return LlmApi(trtllm.LLM, trtllm.SamplingParams, sampling.GuidedDecodingParams)
+
+
+# --- model.yaml ----------------------------------------------------------------------
+
+#: triton_config keys and what this project does with them.
+TRITON_CONFIG_KEYS = ("decoupled", "max_batch_size", "cancellation_check_period_ms")
+
+
+def split_model_yaml(config: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+    """``model.yaml`` → (``LLM(**kwargs)`` arguments, cancellation poll interval in s).
+
+    The core always streams and batches inside the engine, so ``decoupled`` must be
+    true and ``max_batch_size`` 0 when given (upstream's defaults differ; saying so at
+    load beats a model that silently behaves otherwise).
+    """
+    llm_kwargs = {k: v for k, v in config.items() if k != "triton_config"}
+    triton = config.get("triton_config") or {}
+    if not isinstance(triton, Mapping):
+        raise ValueError("model.yaml: triton_config must be a mapping")
+    unknown = sorted(set(triton) - set(TRITON_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"model.yaml: triton_config.{unknown[0]} is not supported; "
+            f"use {', '.join(TRITON_CONFIG_KEYS)}"
+        )
+    if "decoupled" in triton and triton["decoupled"] is not True:
+        raise ValueError(
+            "model.yaml: triton_config.decoupled must be true (tritonforge models stream; "
+            "a non-streamed request gets one final response)"
+        )
+    if int(triton.get("max_batch_size", 0)) != 0:
+        raise ValueError(
+            "model.yaml: triton_config.max_batch_size must be 0 (the engine batches in flight)"
+        )
+    period_ms = int(triton.get("cancellation_check_period_ms", 100))
+    if period_ms <= 0:
+        raise ValueError("model.yaml: triton_config.cancellation_check_period_ms must be > 0")
+    if "model" not in llm_kwargs:
+        raise ValueError("model.yaml: `model` (HF model directory or name) is required")
+    return llm_kwargs, period_ms / 1000.0
+
+
+# --- input dialects: upstream llmapi model and genai-perf --backend tensorrtllm -----
+
+
+def _spec(name: str, dtype: str, dims: list[int] | None = None) -> dict[str, Any]:
+    return {"name": name, "data_type": dtype, "dims": dims or [1], "optional": True}
+
+
+# Upstream llmapi model: tensor -> common sampling key.
+LLMAPI_SAMPLING = {
+    "sampling_param_temperature": ("temperature", "TYPE_FP32"),
+    "sampling_param_top_k": ("top_k", "TYPE_INT32"),
+    "sampling_param_top_p": ("top_p", "TYPE_FP32"),
+    "sampling_param_frequency_penalty": ("frequency_penalty", "TYPE_FP32"),
+    "sampling_param_presence_penalty": ("presence_penalty", "TYPE_FP32"),
+    "sampling_param_max_tokens": ("max_tokens", "TYPE_INT32"),
+    "sampling_param_seed": ("seed", "TYPE_UINT64"),
+}
+# genai-perf --backend tensorrtllm and the classic TensorRT-LLM backend tensors.
+TRTLLM_SAMPLING = {
+    "max_tokens": ("max_tokens", "TYPE_INT32"),
+    "min_length": ("min_tokens", "TYPE_INT32"),
+    "temperature": ("temperature", "TYPE_FP32"),
+    "runtime_top_k": ("top_k", "TYPE_INT32"),
+    "runtime_top_p": ("top_p", "TYPE_FP32"),
+    "random_seed": ("seed", "TYPE_UINT64"),
+    "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
+    "presence_penalty": ("presence_penalty", "TYPE_FP32"),
+    "frequency_penalty": ("frequency_penalty", "TYPE_FP32"),
+    "ignore_eos": ("ignore_eos", "TYPE_BOOL"),
+}
+STOP_LISTS = ("sampling_param_stop", "stop_words")
+# Inputs accepted only at their neutral value; anything else is refused by name.
+NEUTRAL_ONLY = {
+    "sampling_param_best_of": ("TYPE_INT32", 1, "only 1 is supported (one sequence per request)"),
+    "beam_width": ("TYPE_INT32", 1, "only 1 is supported (no beam search)"),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", False, "is not supported"),
+    "return_stop_reason": ("TYPE_BOOL", False, "is not supported; use return_finish_reason"),
+    "stop": (
+        "TYPE_BOOL",
+        False,
+        "stopping a request by id is not supported; cancel the request's stream instead",
+    ),
+}
+
+TRTLLM_INPUTS: tuple[dict[str, Any], ...] = (
+    _spec("streaming", "TYPE_BOOL"),
+    _spec("sampling_param_exclude_input_from_output", "TYPE_BOOL"),
+    *(_spec(name, dtype) for name, (_, dtype) in LLMAPI_SAMPLING.items()),
+    *(_spec(name, dtype) for name, (_, dtype) in TRTLLM_SAMPLING.items()),
+    *(_spec(name, "TYPE_STRING", [-1]) for name in (*STOP_LISTS, "bad_words")),
+    *(_spec(name, dtype) for name, (dtype, _, _) in NEUTRAL_ONLY.items()),
+)
+
+
+def _scalar(name: str, array: np.ndarray) -> Any:
+    if array.size != 1:
+        raise RequestError(name, f"expected exactly one element, got shape {tuple(array.shape)}")
+    value = array.reshape(-1)[0]
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _strings(name: str, array: np.ndarray) -> list[str]:
+    out = []
+    for i, value in enumerate(array.reshape(-1)):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RequestError(f"{name}[{i}]", "is not valid UTF-8") from None
+        if not isinstance(value, str):
+            raise RequestError(name, f"expected strings (BYTES), got {array.dtype}")
+        out.append(value)
+    return out
+
+
+def translate_trtllm_inputs(
+    inputs: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Map upstream llmapi / genai-perf tensors onto the common schema (pure, unit-tested)."""
+    common = dict(inputs)
+    sampling: dict[str, Any] = {}
+    if "streaming" in common:
+        streaming = common.pop("streaming")
+        if "stream" in common and bool(_scalar("stream", common["stream"])) != bool(
+            _scalar("streaming", streaming)
+        ):
+            raise RequestError("streaming", "disagrees with stream; send one of them")
+        common["stream"] = streaming
+    if "sampling_param_exclude_input_from_output" in common:
+        common["exclude_input_in_output"] = common.pop("sampling_param_exclude_input_from_output")
+    for table in (TRTLLM_SAMPLING, LLMAPI_SAMPLING):
+        for name, (key, _) in table.items():
+            if name in common:
+                sampling[key] = parse_sampling_value(key, _scalar(name, common.pop(name)), name)
+    stops: list[str] = []
+    for name in STOP_LISTS:
+        if name in common:
+            stops += [s for s in _strings(name, common.pop(name)) if s]
+    if stops:
+        sampling["stop"] = parse_sampling_value("stop", stops, STOP_LISTS[0])
+    if "bad_words" in common and any(_strings("bad_words", common.pop("bad_words"))):
+        raise RequestError("bad_words", "is not supported (send an empty list or omit it)")
+    for name, (_, neutral, rule) in NEUTRAL_ONLY.items():
+        if name in common:
+            value = _scalar(name, common.pop(name))
+            if value != neutral:
+                raise RequestError(name, f"{rule}, got {value!r}")
+    return common, sampling
+
+
+# --- sampling and outputs ------------------------------------------------------------
+
+#: TensorRT-LLM finish reasons in the common vocabulary (vLLM's).
+FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "timeout": "abort"}
+
+
+def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
+    """Map the common vocabulary onto ``tensorrt_llm.SamplingParams`` (one sequence).
+
+    TensorRT-LLM decodes greedily when neither top_k nor top_p is set and uses seed 0
+    when none is given; the common vocabulary samples by default and draws a fresh
+    seed per request, so both are made explicit here.
+    """
+    guided = None
+    if params.structured_outputs is not None:
+        kind, value = params.structured_outputs.kind, params.structured_outputs.value
+        if kind == "choice":
+            guided = api.GuidedDecodingParams(regex="|".join(re.escape(c) for c in value))
+        elif kind == "json_object":
+            guided = api.GuidedDecodingParams(json_object=True)
+        else:  # json schema, regex, grammar (EBNF) map one to one
+            guided = api.GuidedDecodingParams(**{kind: value})
+    greedy = params.temperature == 0.0
+    return api.SamplingParams(
+        n=1,
+        max_tokens=params.max_tokens,
+        min_tokens=params.min_tokens or None,
+        temperature=None if greedy else params.temperature,
+        top_k=1 if greedy else (params.top_k if params.top_k > 0 else None),
+        top_p=None if greedy else params.top_p,
+        min_p=params.min_p or None,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        seed=params.seed if params.seed is not None else random.getrandbits(63),
+        stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        # The adapter cuts stop strings itself (see TensorRTLLMEngine.generate).
+        include_stop_str_in_output=True,
+        ignore_eos=params.ignore_eos,
+        # The LLM API returns no logprobs for 0; vLLM's 0 means "the sampled token".
+        logprobs=None if params.logprobs is None else max(1, params.logprobs),
+        skip_special_tokens=params.skip_special_tokens,
+        guided_decoding=guided,
+    )
+
+
+@dataclass(frozen=True)
+class _Logprob:
+    """A TensorRT-flow logprob (a bare float) in the PyTorch backend's shape."""
+
+    logprob: float
+    rank: int | None
+
+
+class TensorRTLLMEngine(Engine):
+    metric_prefix = "trtllm"
+    extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = TRTLLM_INPUTS
+
+    def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_s: float) -> None:
+        self._kwargs = llm_kwargs
+        self._api = api
+        self.cancellation_check_s = cancellation_s
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._max_context = 0
+        self._vocab_size = 0
+        self._requests: dict[str, Any] = {}
+
+    @classmethod
+    def config_file(cls) -> str:
+        return "model.yaml"
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], model_dir: Path, api: LlmApi | None = None
+    ) -> TensorRTLLMEngine:
+        llm_kwargs, cancellation_s = split_model_yaml(config)
+        api = api or load_llm_api()
+        llm_kwargs = resolve_paths(llm_kwargs, model_dir, keys=("model", "tokenizer"))
+        return cls(llm_kwargs, api, cancellation_s)
+
+    @classmethod
+    def translate_inputs(
+        cls, inputs: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return translate_trtllm_inputs(inputs)
+
+    async def start(self) -> None:
+        # generate_async binds results to the running loop, so the LLM is built off-loop
+        # but used only from it.
+        self._llm = await asyncio.to_thread(lambda: self._api.LLM(**self._kwargs))
+        self._tokenizer = self._llm.tokenizer
+        if self._tokenizer is None:
+            raise RuntimeError("model.yaml: the model needs a tokenizer (skip_tokenizer_init off)")
+        max_seq_len = self._kwargs.get("max_seq_len") or getattr(
+            self._llm.args, "max_seq_len", None
+        )
+        if not isinstance(max_seq_len, int) or max_seq_len <= 0:
+            raise RuntimeError("model.yaml: set max_seq_len (the context the engine serves)")
+        self._max_context = max_seq_len
+        self._vocab_size = len(getattr(self._tokenizer, "tokenizer", self._tokenizer))
+
+    async def shutdown(self) -> None:
+        for result in list(self._requests.values()):
+            result.abort()
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        return self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+
+    def _logprobs(self, completion: Any) -> list[dict[int, dict[str, Any]]] | None:
+        entries = completion.logprobs_diff
+        if not entries:
+            return None
+        result = []
+        for position, entry in zip(completion.token_ids_diff, entries, strict=False):
+            if not isinstance(entry, Mapping):  # TensorRT flow: one float per token
+                entry = {position: _Logprob(float(entry), None)}
+            result.append(
+                {
+                    token: {
+                        "logprob": lp.logprob,
+                        "rank": lp.rank,
+                        "decoded_token": self._tokenizer.decode([token]),
+                    }
+                    for token, lp in entry.items()
+                }
+            )
+        return result
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        assert self._llm is not None, "engine not started"
+        result = self._llm.generate_async(
+            {"prompt_token_ids": list(prompt.token_ids)},
+            sampling_params=to_trtllm_sampling(self._api, sampling),
+            streaming=True,
+        )
+        self._requests[request_id] = result
+        # TensorRT-LLM streams text up to a stop string and trims it only at the end, so
+        # a streamed answer could show text the final one lacks; and it matches stop
+        # strings on token ids, missing one tokenised differently. The core's matcher
+        # on the text holds back possible stop prefixes and cuts exactly, as for the
+        # other engines; the engine is asked to keep stop strings so text only grows.
+        stops = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
+        try:
+            async for output in result:
+                completion = output.outputs[0]
+                text, hit = stops.feed(completion.text_diff)
+                reason = completion.finish_reason
+                finished = output.finished or hit is not None
+                if hit is not None:
+                    reason = "stop"
+                elif finished:
+                    text += stops.flush()
+                yield EngineOutput(
+                    text=text,
+                    token_ids=list(completion.token_ids_diff),
+                    logprobs=self._logprobs(completion) if sampling.logprobs is not None else None,
+                    cumulative_logprob=completion.cumulative_logprob,
+                    finished=finished,
+                    finish_reason=FINISH_REASONS.get(reason, reason) if reason else None,
+                )
+                if finished:
+                    return
+        finally:
+            self._requests.pop(request_id, None)
+            if not result.finished:  # the consumer left early: free the engine's slot
+                result.abort()
+
+    async def abort(self, request_id: str) -> None:
+        result = self._requests.get(request_id)
+        if result is not None and not result.finished:
+            result.abort()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._requests))
