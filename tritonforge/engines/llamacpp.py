@@ -25,6 +25,7 @@ import asyncio
 import ctypes
 import queue
 import random
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ def structured_gbnf(spec: StructuredOutput) -> str:
         if spec.kind == "json_object":
             return JSON_GBNF
         if spec.kind == "regex":
+            re.compile(spec.value)  # the converter accepts some malformed patterns
             return _regex_gbnf(spec.value)
         if spec.kind == "choice":
             return "root ::= " + " | ".join(_gbnf_literal(c) for c in spec.value)
@@ -167,8 +169,8 @@ class LlamaCppEngine(Engine):
         if template:
             self._formatter = Jinja2ChatFormatter(
                 template,
-                eos_token=self._pieces[1][llama.token_eos()].decode("utf-8", "replace"),
-                bos_token=self._pieces[1][llama.token_bos()].decode("utf-8", "replace"),
+                eos_token=self._special_text(llama.token_eos()),
+                bos_token=self._special_text(llama.token_bos()),
             )
         self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
         self._worker.start()
@@ -182,6 +184,10 @@ class LlamaCppEngine(Engine):
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
+
+    def _special_text(self, token: int) -> str:
+        """A special token's text for the chat template ("" where the model has none)."""
+        return self._pieces[1][token].decode("utf-8", "replace") if token >= 0 else ""
 
     @staticmethod
     def _piece(vocab: Any, token: int, special: bool) -> bytes:
@@ -281,7 +287,8 @@ class LlamaCppEngine(Engine):
             job.deliver(ABORTED)
 
     def stats(self) -> EngineStats:
-        used = self._llama.n_tokens / self._llama.n_ctx() if self._running else 0.0
+        llama = self._llama
+        used = llama.n_tokens / llama.n_ctx() if llama is not None and self._running else 0.0
         return EngineStats(running=self._running, waiting=self._queued, kv_cache_usage=used)
 
     # --- the worker thread ---------------------------------------------------------
