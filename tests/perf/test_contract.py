@@ -127,3 +127,29 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
     path.write_text("- just\n- a list\n")
     with pytest.raises(ContractError, match="mapping"):
         load_contract(path)
+
+
+def test_perf_analyzer_is_refused_on_a_non_triton_target() -> None:
+    message = refused(lambda d: d["targets"][1].update(tool="perf_analyzer"))
+    assert "targets.1" in message and "triton targets" in message
+
+
+def test_perf_analyzer_is_refused_for_request_rates() -> None:
+    def mutate(d: dict) -> None:
+        d["targets"][0]["tool"] = "perf_analyzer"
+        d["targets"] = d["targets"][:1]
+        d["comparisons"] = []
+        d["load"].pop("concurrency")
+        d["load"]["request_rates"] = [0.5]
+
+    assert "targets.0.tool" in refused(mutate)
+
+
+def test_a_level_that_can_never_fill_its_concurrency_is_refused() -> None:
+    message = refused(lambda d: d["load"].update(requests_per_level=3))
+    assert "load" in message and "concurrency 4 never fills with 3 requests" in message
+
+
+def test_requests_per_concurrency_scales_the_high_levels() -> None:
+    contract, _ = load_contract(CONTRACTS / "chat-mix.yaml")
+    assert [contract.load.count_for(lv) for lv in contract.load.levels] == [24, 24, 64]

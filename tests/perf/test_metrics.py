@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from tritonforge.bench.aiperf_driver import parse_records
-from tritonforge.bench.contract import Comparison, Slo
+from tritonforge.bench.contract import Comparison, Sampling, Slo
 from tritonforge.bench.metrics import Percentiles, RequestRecord, percentile, summarize
+from tritonforge.bench.perf_analyzer_driver import input_data, parse_export
 from tritonforge.bench.results import TargetResult, compare
 from tritonforge.bench.server_metrics import delta, parse, per_request_ms
 from tritonforge.bench.workload import BenchRequest
@@ -152,3 +153,47 @@ def test_server_counters_are_per_model_and_gauges_are_ignored() -> None:
     assert moved["nv_inference_request_success"] == 4
     times = per_request_ms(moved)
     assert times["queue"] == 1.0  # 4,000 µs over 4 requests
+
+
+def test_perf_analyzer_input_data_carries_each_requests_max_tokens() -> None:
+    requests = [BenchRequest(i, "chat", f"p{i}", 10, 5 + i, False) for i in range(2)]
+    data = input_data(requests, Sampling())["data"]
+    assert [entry["text_input"] for entry in data] == [["p0"], ["p1"]]
+    assert json.loads(data[1]["sampling_parameters"][0])["max_tokens"] == 6
+    assert data[0]["stream"] == [True] and data[0]["exclude_input_in_output"] == [True]
+
+
+def test_perf_analyzer_export_maps_requests_by_prompt_and_counts_text_responses(
+    tmp_path: Path,
+) -> None:
+    requests = [BenchRequest(i, "chat", f"p{i}", 10, 3, False) for i in range(2)]
+    export = tmp_path / "profile_export.json"
+    export.write_text(
+        json.dumps(
+            {
+                "experiments": [
+                    {
+                        "requests": [
+                            {
+                                "timestamp": 1_000_000,
+                                "request_inputs": {"text_input": "p1"},
+                                "response_timestamps": [3_000_000, 4_000_000, 6_000_000, 6_100_000],
+                                "response_outputs": [
+                                    {"text_output": "a"},
+                                    {"text_output": "b"},
+                                    {"text_output": "c"},
+                                    {"text_output": ""},
+                                ],
+                            },
+                            {"timestamp": 2_000_000, "request_inputs": {"text_input": "p0"}},
+                        ]
+                    }
+                ]
+            }
+        )
+    )
+    done, failed = parse_export(export, requests, exact_lengths=False)
+    assert (done.index, done.ok, done.output_tokens, done.ttft_ms) == (1, True, 3, 2.0)
+    assert done.chunk_gaps_ms == [1.0, 2.0, 0.1]
+    assert done.end_ns == 6_100_000
+    assert (failed.index, failed.ok, failed.error) == (0, False, "no response")

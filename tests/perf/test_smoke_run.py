@@ -51,7 +51,7 @@ def test_smoke_contract_runs_end_to_end(tmp_path: Path) -> None:
     assert env["tritonserver"].startswith("triton 2.")
 
     by_name = {t["name"]: t for t in results["targets"]}
-    assert set(by_name) == {"triton-vllm", "vllm-openai", "vllm-offline"}
+    assert set(by_name) == {"triton-vllm", "triton-vllm-grpc", "vllm-openai", "vllm-offline"}
     for name, target in by_name.items():
         assert target["status"] == "ok", f"{name}: {target['error']} {target['failed_levels']}"
         assert [lv["level"] for lv in target["levels"]] == [1.0, 2.0]

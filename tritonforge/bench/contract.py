@@ -178,6 +178,12 @@ class Load(Strict):
     concurrency: list[Annotated[int, Field(ge=1)]] | None = None
     request_rates: list[Annotated[float, Field(gt=0)]] | None = None
     requests_per_level: int = Field(ge=1, description="measured requests at each level")
+    requests_per_concurrency: int = Field(
+        default=0,
+        ge=0,
+        description="at least this many requests per unit of concurrency (2 → 64 at 32), "
+        "so high levels run past their first wave",
+    )
     warmup_requests: int = Field(default=0, ge=0, description="sent before measuring, not counted")
     max_duration_s: float = Field(
         gt=0, description="upper bound on one level's run; the tool is stopped past it"
@@ -192,7 +198,19 @@ class Load(Strict):
             raise ValueError("the load needs at least one level")
         if len(set(levels)) != len(levels):
             raise ValueError(f"levels must be distinct, got {levels}")
+        for level in self.concurrency or []:
+            if self.count_for(level) < level:
+                raise ValueError(
+                    f"concurrency {level} never fills with {self.count_for(level)} requests: "
+                    "raise requests_per_level or set requests_per_concurrency"
+                )
         return self
+
+    def count_for(self, level: float) -> int:
+        """Measured requests at one level."""
+        if self.concurrency is None:
+            return self.requests_per_level
+        return max(self.requests_per_level, int(self.requests_per_concurrency * level))
 
     @property
     def mode(self) -> Literal["concurrency", "request_rate"]:
@@ -233,12 +251,17 @@ class Target(Strict):
         description="vLLM engine settings (model.json) for vllm_openai / vllm_offline, "
         "relative to the repository root: the same file the Triton model reads",
     )
-    tool: Literal["aiperf"] = "aiperf"
+    tool: Literal["aiperf", "perf_analyzer"] = Field(
+        default="aiperf",
+        description="aiperf (HTTP, every kind) or perf_analyzer (gRPC stream, triton only)",
+    )
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> Target:
         if self.kind is TargetKind.TRITON and not self.model:
             raise ValueError("a triton target needs model (the Triton model name)")
+        if self.tool == "perf_analyzer" and self.kind is not TargetKind.TRITON:
+            raise ValueError("perf_analyzer speaks Triton's protocol: use it on triton targets")
         if self.kind is not TargetKind.TRITON and not self.engine_config:
             raise ValueError(f"a {self.kind.value} target needs engine_config (a model.json path)")
         return self
@@ -271,6 +294,9 @@ class Contract(Strict):
     @model_validator(mode="after")
     def _references(self) -> Contract:
         names = [t.name for t in self.targets]
+        for i, target in enumerate(self.targets):
+            if target.tool == "perf_analyzer" and self.load.mode != "concurrency":
+                raise ValueError(f"targets.{i}.tool: perf_analyzer runs concurrency levels only")
         if len(set(names)) != len(names):
             raise ValueError(f"target names must be unique, got {names}")
         for i, comparison in enumerate(self.comparisons):

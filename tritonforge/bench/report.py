@@ -133,7 +133,8 @@ def render(result: RunResult, plots: list[Path]) -> str:
         f"SLO: TTFT p95 ≤ {slo['ttft_p95_ms']:g} ms, TPOT p95 ≤ {slo['tpot_p95_ms']:g} ms, "
         f"errors ≤ {slo['error_budget']:.1%}. Load: {result.load_mode} "
         f"{', '.join(f'{lv:g}' for lv in levels)}, {c['load']['requests_per_level']} requests "
-        f"per level after {c['load']['warmup_requests']} warm-up.",
+        f"per level (at least {c['load'].get('requests_per_concurrency', 0)} per unit of "
+        f"concurrency) after {c['load']['warmup_requests']} warm-up.",
         "",
         "Traffic: "
         + "; ".join(f"{cls['name']} {cls['share']:.0%}" for cls in c["traffic"]["classes"])

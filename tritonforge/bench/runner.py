@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tritonforge.bench import aiperf_driver, server_metrics
+from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
 from tritonforge.bench.environment import capture, tritonserver_version
 from tritonforge.bench.metrics import RequestRecord, summarize
@@ -96,7 +96,6 @@ def prepare(
         f"[bold]{contract.name}[/]: building the workload from {model_dir.name}'s tokenizer"
     )
     builder = PromptBuilder.for_model(model_dir)
-    count = contract.load.requests_per_level
 
     def level_load(level: float, stream: int, n: int, tag: str) -> LevelLoad:
         requests = build_workload(contract, builder, n, stream=stream)
@@ -108,7 +107,8 @@ def prepare(
         )
 
     levels = [
-        level_load(lv, i, count, f"level-{lv:g}") for i, lv in enumerate(contract.load.levels)
+        level_load(lv, i, contract.load.count_for(lv), f"level-{lv:g}")
+        for i, lv in enumerate(contract.load.levels)
     ]
     warm = contract.load.warmup_requests
     warmup = level_load(float(WARMUP_CONCURRENCY), WARMUP_STREAM, warm, "warmup") if warm else None
@@ -195,7 +195,6 @@ class Runner:
 
     def measure(self, service: Service, target: Target, startup_s: float) -> TargetResult:
         contract = self.plan.contract
-        endpoint = service.endpoint(target, contract.model, contract.sampling)
         scratch = self.plan.scratch / target.name
         result = TargetResult(
             name=target.name,
@@ -209,7 +208,7 @@ class Runner:
         if self.plan.warmup:
             self.step(f"{target.name}: warm-up")
             try:
-                self.drive(endpoint, self.plan.warmup, scratch / "warmup")
+                self.drive(service, target, self.plan.warmup, scratch / "warmup")
             except aiperf_driver.ToolError as error:
                 self.say(f"[red]✗ {target.name}: warm-up failed[/]")
                 result.status, result.error = "failed", f"warm-up failed: {error}"
@@ -219,7 +218,7 @@ class Runner:
             self.step(f"{target.name}: {contract.load.mode} {load.level:g}")
             before = server_metrics.parse(service.metrics_text() or "", target.model)
             try:
-                records = self.drive(endpoint, load, scratch / f"level-{load.level:g}")
+                records = self.drive(service, target, load, scratch / f"level-{load.level:g}")
             except aiperf_driver.ToolError as error:
                 result.failed_levels[f"{load.level:g}"] = str(error)
                 self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {str(error).splitlines()[0]}")
@@ -234,10 +233,24 @@ class Runner:
         return self.settle(result)
 
     def drive(
-        self, endpoint: aiperf_driver.HttpEndpoint, load: LevelLoad, artifacts: Path
+        self, service: Service, target: Target, load: LevelLoad, artifacts: Path
     ) -> list[RequestRecord]:
+        """One level (or the warm-up) with the target's tool; ToolError if it yields nothing."""
         contract = self.plan.contract
         warmup = load is self.plan.warmup
+        if target.tool == "perf_analyzer":
+            if not isinstance(service, TritonService):
+                raise aiperf_driver.ToolError("perf_analyzer needs a Triton target")
+            return perf_analyzer_driver.run_level(
+                service.server.grpc_url,
+                str(target.model),
+                load.requests,
+                contract.sampling,
+                artifacts,
+                concurrency=int(load.level),
+                max_duration_s=contract.load.max_duration_s,
+            )
+        endpoint = service.endpoint(target, contract.model, contract.sampling)
         return aiperf_driver.run_level(
             endpoint,
             load.requests,
