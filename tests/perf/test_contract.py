@@ -130,8 +130,8 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
 
 
 def test_perf_analyzer_is_refused_on_a_non_triton_target() -> None:
-    message = refused(lambda d: d["targets"][1].update(tool="perf_analyzer"))
-    assert "targets.1" in message and "triton targets" in message
+    message = refused(lambda d: d["targets"][2].update(tool="perf_analyzer"))
+    assert "targets.2" in message and "triton targets" in message
 
 
 def test_perf_analyzer_is_refused_for_request_rates() -> None:
