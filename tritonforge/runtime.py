@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tritonforge.engines.base import Engine, EngineOutput, EngineStats
+from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
 from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
 from tritonforge.responses import Generation, build_outputs, merge_outputs
 from tritonforge.schema import GenerateRequest
@@ -150,7 +150,13 @@ class Runtime:
         return len(self._inflight)
 
     def submit(self, request: GenerateRequest, channel: Channel) -> None:
-        """Hand a parsed request to the engine loop (called on Triton's thread)."""
+        """Hand a parsed request to the engine loop (called on Triton's thread).
+
+        The prompt is prepared here so that its errors are answered from ``execute()``
+        itself: an error response sent later, from another thread, never completes
+        for a BLS caller in python backend 24.10 and wedges the caller's unload.
+        """
+        prepared = self.engine.prepare(request)
         with self._lock:
             if self._closing:
                 raise EngineUnavailable("the model is unloading; no new requests are accepted")
@@ -162,10 +168,12 @@ class Runtime:
             request_id = uuid.uuid4().hex
             entry = _Inflight(channel)
             self._inflight[request_id] = entry
-        self._loop.call_soon_threadsafe(self._begin, request_id, request, entry)
+        self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
-    def _begin(self, request_id: str, request: GenerateRequest, entry: _Inflight) -> None:
-        entry.task = self._loop.create_task(self._serve(request_id, request, entry))
+    def _begin(
+        self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
+    ) -> None:
+        entry.task = self._loop.create_task(self._serve(request_id, request, prepared, entry))
 
     def _post(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
@@ -173,14 +181,15 @@ class Runtime:
     def _send(self, entry: _Inflight, tensors: Any, error: Exception | None, final: bool) -> None:
         self._post(lambda: entry.channel.send(tensors, error, final))
 
-    async def _serve(self, request_id: str, request: GenerateRequest, entry: _Inflight) -> None:
+    async def _serve(
+        self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
+    ) -> None:
         started = time.perf_counter()
         first_token_at: float | None = None
         prompt_tokens = generated = 0
         outcome = "failed"
         finished = False
         try:
-            prepared = self.engine.prepare(request)
             prompt_tokens = len(prepared.token_ids)
             prefix = prepared.text if request.prepend_input and prepared.text else ""
             generation = Generation()

@@ -84,6 +84,12 @@ class TritonChannel:
         self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
     ) -> None:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if isinstance(error, asyncio.CancelledError) and self._board.is_cancelled(self._request_id):
+            # The BLS caller cancelled and expects no more: end quietly. An error response
+            # sent after execute() returned never reaches a python-backend 24.10 BLS
+            # caller and wedges its unload.
+            self._sender.send(flags=flags)
+            return
         if error is not None:
             response = pb_utils.InferenceResponse(error=triton_error(error))
         elif tensors is not None:
