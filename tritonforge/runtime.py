@@ -115,12 +115,13 @@ class Runtime:
         except BaseException:
             self._stop_threads()
             raise
-        asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
+        self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
 
     def stop(self) -> None:
         """Let in-flight requests finish (bounded), fail the rest, stop the engine."""
         with self._lock:
             self._closing = True
+        self.logger.log_info(f"[tritonforge] stopping: {len(self._inflight)} request(s) in flight")
         deadline = time.monotonic() + self.drain_timeout_s
         while self._inflight and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -129,6 +130,7 @@ class Runtime:
         except Exception as exc:
             self.logger.log_error(f"[tritonforge] engine shutdown failed: {exc!r}")
         self._stop_threads()
+        self.logger.log_info("[tritonforge] stopped")
 
     def _stop_threads(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -137,6 +139,7 @@ class Runtime:
         self._response_thread.join(timeout=30)
 
     async def _shutdown(self) -> None:
+        self._watcher.cancel()
         tasks = [entry.task for entry in self._inflight.values() if entry.task is not None]
         for task in tasks:
             task.cancel()
