@@ -1,0 +1,98 @@
+"""ensemble_vllm and ensemble_vllm_py against vllm_model, on the session's real server.
+
+The ensembles tokenize outside the LLM step and detokenize after it, one streamed
+response at a time; greedy output must match vllm_model exactly, response by
+response, multi-byte characters and leading spaces included.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from tests.pipelines.client import bytes_input, stream, text_request
+
+pytestmark = pytest.mark.server
+
+DIRECT = "vllm_model"
+ENSEMBLES = ("ensemble_vllm", "ensemble_vllm_py")
+GREEDY = {"temperature": 0, "max_tokens": 24}
+PROMPTS = [
+    "The three primary colours are",
+    "Écris une phrase en français sur l'été:",
+    "Translate to Japanese: good morning, friend ->",
+]
+
+
+@pytest.fixture(scope="module")
+def server(triton_server):
+    return triton_server
+
+
+@pytest.fixture(scope="module")
+def direct(server) -> dict[str, list[str]]:
+    """vllm_model's streamed responses per prompt: the reference."""
+    results = {}
+    for prompt in PROMPTS:
+        result = stream(server.grpc_url, DIRECT, text_request(prompt, GREEDY))
+        assert result.error is None, result.error
+        results[prompt] = result.texts()
+    return results
+
+
+@pytest.mark.parametrize("model", ENSEMBLES)
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_streamed_greedy_output_equals_vllm_model_response_by_response(
+    server, direct, model: str, prompt: str
+) -> None:
+    result = stream(server.grpc_url, model, text_request(prompt, GREEDY))
+    assert result.error is None, result.error
+    assert len(result.responses) > 1  # really streamed
+    assert result.texts() == direct[prompt]
+    assert "\ufffd" not in result.text  # no character was split between responses
+
+
+@pytest.mark.parametrize("model", ENSEMBLES)
+def test_non_streamed_output_equals_vllm_model(server, direct, model: str) -> None:
+    prompt = PROMPTS[1]
+    result = stream(server.grpc_url, model, text_request(prompt, GREEDY, stream=False))
+    assert result.error is None, result.error
+    assert len(result.responses) == 1
+    assert result.text == "".join(direct[prompt])
+
+
+def test_return_flags_pass_through_the_ensemble(server) -> None:
+    inputs = text_request(
+        PROMPTS[0], GREEDY, return_finish_reason=True, return_num_output_tokens=True
+    )
+    result = stream(server.grpc_url, "ensemble_vllm", inputs)
+    assert result.error is None, result.error
+    assert result.texts("finish_reason")[-1] == "length"
+    counts = [int(r.as_numpy("num_output_tokens")[0]) for r in result.responses]
+    assert sum(counts) == GREEDY["max_tokens"]
+
+
+def test_genai_perf_style_request_works(server) -> None:
+    """genai-perf --backend vllm sends max_tokens as a string inside sampling_parameters."""
+    sampling = {"max_tokens": "8", "ignore_eos": "true"}
+    result = stream(server.grpc_url, "ensemble_vllm", text_request(PROMPTS[0], sampling))
+    assert result.error is None, result.error
+    assert result.text
+
+
+def test_bad_input_names_the_field_and_the_ensemble_stays_ready(server) -> None:
+    # ensemble_vllm_py: see ensembles/README.md (known issue) for ensemble_vllm.
+    model = "ensemble_vllm_py"
+    inputs = [
+        bytes_input("text_input", "hi"),
+        bytes_input("sampling_parameters", json.dumps({"temperature": -1})),
+    ]
+    result = stream(server.grpc_url, model, inputs)
+    assert result.error is not None
+    assert "sampling_parameters.temperature" in str(result.error)
+    ready = requests.get(f"http://{server.http_url}/v2/models/{model}/ready", timeout=10)
+    assert ready.status_code == 200
+    again = stream(server.grpc_url, model, text_request(PROMPTS[0], GREEDY))
+    assert again.error is None and again.text

@@ -1,0 +1,179 @@
+"""guard and guarded_chat on the session's real server (real vllm_model behind the BLS)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tests.e2e.client import metric, wait_for
+from tests.pipelines.client import bool_input, bytes_input, stream, text_request
+from tritonforge.guard import redact
+
+pytestmark = pytest.mark.server
+
+GREEDY = {"temperature": 0, "max_tokens": 48}
+# SmolLM2 answers this with a phone number of its own (" 123-456-7890."): the output
+# guard works on real model output.
+PHONE_PROMPT = "An example phone number in the US is"
+
+
+@pytest.fixture(scope="module")
+def server(triton_server):
+    return triton_server
+
+
+def _chat(prompt: str, sampling: dict, stream_: bool = True) -> list[grpcclient.InferInput]:
+    return [
+        bytes_input("text_input", prompt),
+        bytes_input("sampling_parameters", json.dumps(sampling)),
+        bool_input("stream", stream_),
+    ]
+
+
+def _ready(server, model: str) -> bool:
+    url = f"http://{server.http_url}/v2/models/{model}/ready"
+    return requests.get(url, timeout=10).status_code == 200
+
+
+# --- guard --------------------------------------------------------------------------
+
+
+def test_guard_model_redacts_and_lists_findings(server) -> None:
+    text = "Card 4111 1111 1111 1111, mail jo@example.com, IBAN GB82 WEST 1234 5698 7654 32."
+    reply = requests.post(
+        f"http://{server.http_url}/v2/models/guard/generate", json={"text_input": text}, timeout=30
+    ).json()
+    assert reply["text_output"] == "Card [CARD], mail [EMAIL], IBAN [IBAN]."
+    assert [f["type"] for f in json.loads(reply["findings"])] == ["card", "email", "iban"]
+
+
+def test_guard_model_rejects_invalid_utf8_and_stays_ready(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(Exception, match="text_input: is not valid UTF-8"):
+        client.infer("guard", [bytes_input("text_input", b"ok \xff")])
+    assert _ready(server, "guard")
+
+
+# --- guarded_chat: redaction ----------------------------------------------------------
+
+
+def test_prompt_secrets_never_reach_the_llm_and_are_reported(server) -> None:
+    prompt = "My email is jo@example.com and my card 4111 1111 1111 1111. Say hi."
+    result = stream(server.grpc_url, "guarded_chat", _chat(prompt, GREEDY))
+    assert result.error is None, result.error
+    findings = json.loads(result.texts("input_findings")[0])
+    assert [f["type"] for f in findings] == ["email", "card"]
+    # The LLM saw the redacted prompt: same greedy answer as vllm_model on it.
+    redacted, _ = redact(prompt)
+    direct = stream(server.grpc_url, "vllm_model", text_request(redacted, GREEDY))
+    assert result.text == redact(direct.text)[0]
+
+
+def test_output_secrets_are_redacted_while_streaming(server) -> None:
+    direct = stream(server.grpc_url, "vllm_model", text_request(PHONE_PROMPT, GREEDY))
+    expected, findings = redact(direct.text)
+    assert findings, f"precondition: the model's answer holds a secret: {direct.text!r}"
+    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, GREEDY))
+    assert result.error is None, result.error
+    assert len(result.responses) > 1
+    assert result.text == expected
+    reported = [f for part in result.texts("output_findings") for f in json.loads(part)]
+    assert reported == [{"type": f.type, "start": f.start, "end": f.end} for f in findings]
+
+
+def test_non_streamed_chat_answers_once(server) -> None:
+    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, GREEDY, False))
+    assert result.error is None, result.error
+    assert len(result.responses) == 1
+    assert "[PHONE]" in result.text and "456" not in result.text
+
+
+# --- guarded_chat: errors, cancellation, lifecycle ------------------------------------
+
+
+def test_bad_request_names_the_field(server) -> None:
+    result = stream(server.grpc_url, "guarded_chat", _chat("hi", {"top_p": 7}))
+    assert "sampling_parameters.top_p" in str(result.error)
+    assert _ready(server, "guarded_chat")
+
+
+def test_inner_error_reaches_the_client_and_the_pipeline_stays_ready(server) -> None:
+    # Only vllm_model knows its context length: the error comes from the inner step.
+    result = stream(server.grpc_url, "guarded_chat", _chat("word " * 2100, GREEDY))
+    assert result.error is not None
+    assert "vllm_model: text_input: prompt is" in str(result.error)
+    assert _ready(server, "guarded_chat")
+    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    assert again.error is None and again.text
+
+
+def _running(server) -> float:
+    return metric(server.metrics_url, "vllm:num_requests_running", model="vllm_model")
+
+
+def _cancelled(server) -> float:
+    return metric(
+        server.metrics_url, "vllm:request_outcome_total", model="vllm_model", outcome="cancelled"
+    )
+
+
+def test_client_cancel_cancels_the_inner_request(server) -> None:
+    before = _cancelled(server)
+    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+    seen_running: list[float] = []
+    result = stream(
+        server.grpc_url,
+        "guarded_chat",
+        _chat("Tell me a long story.", long),
+        stop_after=5,
+        on_response=lambda n: seen_running.append(_running(server)) if n == 3 else None,
+    )
+    assert result.error is None and len(result.responses) == 5
+    assert seen_running and seen_running[0] >= 1
+    wait_for(lambda: _cancelled(server) == before + 1, what="vllm_model to count it cancelled")
+    wait_for(lambda: _running(server) == 0, what="the engine's running count to return to 0")
+    assert _ready(server, "guarded_chat")
+
+
+def _stubs(server, model: str) -> list:
+    found = []
+    for proc in server.group_processes():
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except Exception:
+            continue
+        if "triton_python_backend_stub" in cmdline and f"/{model}/" in cmdline:
+            found.append(proc)
+    return found
+
+
+def _state(server, model: str) -> str:
+    index = requests.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
+    return next((m.get("state", "") for m in index if m["name"] == model), "")
+
+
+@pytest.mark.last
+def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> None:
+    base = f"http://{server.http_url}/v2/repository/models/guarded_chat"
+    # An error and a cancellation just before the unload: the cases that once hung.
+    stream(server.grpc_url, "guarded_chat", _chat("word " * 2100, GREEDY))
+    stream(
+        server.grpc_url,
+        "guarded_chat",
+        _chat("Tell me a long story.", {"max_tokens": 1500, "ignore_eos": True}),
+        stop_after=2,
+    )
+    assert _stubs(server, "guarded_chat")
+    started = time.monotonic()
+    assert requests.post(f"{base}/unload", timeout=120).status_code == 200
+    wait_for(lambda: _state(server, "guarded_chat") == "UNAVAILABLE", what="the unload")
+    wait_for(lambda: not _stubs(server, "guarded_chat"), what="the stub process to exit")
+    unload_s = time.monotonic() - started
+    assert requests.post(f"{base}/load", timeout=300).status_code == 200
+    assert _ready(server, "guarded_chat"), f"(unload took {unload_s:.1f} s)"
+    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    assert again.error is None and again.text
