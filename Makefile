@@ -28,7 +28,7 @@ test: setup bench-venv
 bench: setup bench-venv
 	$(PY) -m tritonforge.bench run --contract $(CONTRACT)
 
-lint:
+lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 format:
