@@ -15,6 +15,7 @@ need no shared state beyond the file system. Ids are hashed, so any string is sa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -45,3 +46,8 @@ class CancelBoard:
     def clear(self, request_id: str) -> None:
         """Forget the mark once the request is over (the caller's job)."""
         self._path(request_id).unlink(missing_ok=True)
+
+    def tidy(self) -> None:
+        """Remove the board's directory if no mark is left (a caller's finalize)."""
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()

@@ -143,3 +143,13 @@ def test_sampling_parameters_merge_request_parameters_and_tensor() -> None:
     merged = sampling_json({"max_tokens": 5, "timeout": 3}, '{"temperature": 0}')
     assert json.loads(merged) == {"max_tokens": 5, "temperature": 0}
     assert sampling_json({}, None) is None
+
+
+def test_cancel_board_marks_clears_and_tidies(tmp_path: Path) -> None:
+    board = CancelBoard(tmp_path / "board")
+    assert not board.is_cancelled("any id / with slashes")
+    board.cancel("any id / with slashes")
+    assert board.is_cancelled("any id / with slashes") and not board.is_cancelled("other")
+    board.clear("any id / with slashes")
+    board.tidy()
+    assert not (tmp_path / "board").exists()

@@ -172,3 +172,4 @@ class TritonPythonModel:
             self.board.cancel(request_id)
         for thread in inflight.values():
             thread.join(timeout=20)
+        self.board.tidy()
