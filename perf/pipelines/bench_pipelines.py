@@ -25,6 +25,7 @@ import platform
 import queue
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -238,7 +239,7 @@ def main() -> int:
     args = parser.parse_args()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO_ROOT / "perf" / "results" / "pipelines" / stamp
-    (out / "scratch").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     env = environment()
     settings = {
         "max_tokens": args.max_tokens,
@@ -253,7 +254,7 @@ def main() -> int:
         grpc_port=free_port(),
         metrics_port=free_port(),
         models=list(SERVED),
-        log_path=out / "scratch" / "server.log",
+        log_path=Path(tempfile.gettempdir()) / f"tritonforge-bench-pipelines-{stamp}.log",
     )
     server.start()
     rounds: list[list[Point]] = []
