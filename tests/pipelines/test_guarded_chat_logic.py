@@ -153,3 +153,16 @@ def test_cancel_board_marks_clears_and_tidies(tmp_path: Path) -> None:
     board.clear("any id / with slashes")
     board.tidy()
     assert not (tmp_path / "board").exists()
+
+
+def test_chat_messages_are_redacted_one_by_one() -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Call +1 (415) 555-2671 about IBAN GB82WEST12345698765432"},
+    ]
+    inputs = {"messages": np.array([json.dumps(messages).encode()], dtype=np.object_)}
+    guarded = guard_inputs(parse_request(inputs), {})
+    sent = json.loads(guarded.tensors["messages"][0])
+    assert sent[0] == messages[0]
+    assert sent[1] == {"role": "user", "content": "Call [PHONE] about IBAN [IBAN]"}
+    assert [(f["type"], f["message"]) for f in guarded.findings] == [("phone", 1), ("iban", 1)]
