@@ -109,6 +109,17 @@ def stream(
     return result
 
 
+def control_model(grpc_url: str, action: str, model: str) -> None:
+    """Load or unload over gRPC.
+
+    Not over HTTP: a stub started while an HTTP connection is open inherits its socket
+    (Triton 2.51), and at shutdown Triton then waits out its whole exit timeout for
+    that connection to close.
+    """
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        getattr(client, f"{action}_model")(model)
+
+
 def generate(http_url: str, model: str, body: dict, timeout_s: float = 300) -> dict:
     """POST /generate; returns the JSON body (``{"error": ...}`` on a request error)."""
     reply = requests.post(

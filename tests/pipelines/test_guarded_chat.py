@@ -9,7 +9,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import metric, wait_for
+from tests.e2e.client import control_model, metric, wait_for
 from tests.pipelines.client import bool_input, bytes_input, stream, text_request
 from tritonforge.guard import redact
 
@@ -158,7 +158,6 @@ def _state(server, model: str) -> str:
 
 @pytest.mark.last
 def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> None:
-    base = f"http://{server.http_url}/v2/repository/models/guarded_chat"
     # An error and a cancellation just before the unload: the cases that once hung.
     stream(server.grpc_url, "guarded_chat", _chat("word " * 2100, GREEDY))
     stream(
@@ -169,11 +168,11 @@ def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> N
     )
     assert _stubs(server, "guarded_chat")
     started = time.monotonic()
-    assert requests.post(f"{base}/unload", timeout=120).status_code == 200
+    control_model(server.grpc_url, "unload", "guarded_chat")
     wait_for(lambda: _state(server, "guarded_chat") == "UNAVAILABLE", what="the unload")
     wait_for(lambda: not _stubs(server, "guarded_chat"), what="the stub process to exit")
     unload_s = time.monotonic() - started
-    assert requests.post(f"{base}/load", timeout=300).status_code == 200
+    control_model(server.grpc_url, "load", "guarded_chat")
     assert _ready(server, "guarded_chat"), f"(unload took {unload_s:.1f} s)"
     again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
     assert again.error is None and again.text
