@@ -30,9 +30,9 @@ def bool_input(name: str, value: bool) -> grpcclient.InferInput:
 
 def llm_inputs(
     prompt: str | None = None,
+    sampling: dict | None = None,
     *,
     messages: list[dict] | None = None,
-    sampling: dict | None = None,
     stream: bool = True,
     **flags: bool,
 ) -> list[grpcclient.InferInput]:
@@ -55,13 +55,17 @@ class StreamResult:
     responses: list[Any] = field(default_factory=list)
     error: Exception | None = None
 
+    def texts(self, name: str = "text_output") -> list[str]:
+        """One string per response that carries ``name`` (a BYTES output)."""
+        return [
+            b"".join(r.as_numpy(name).reshape(-1)).decode()
+            for r in self.responses
+            if r.as_numpy(name) is not None
+        ]
+
     @property
     def text(self) -> str:
-        return "".join(
-            r.as_numpy("text_output")[0].decode()
-            for r in self.responses
-            if r.as_numpy("text_output") is not None
-        )
+        return "".join(self.texts())
 
     def outputs(self, name: str) -> list[Any]:
         return [r.as_numpy(name) for r in self.responses if r.as_numpy(name) is not None]
@@ -94,7 +98,7 @@ def stream(
             if err is not None:
                 result.error = err
                 break
-            if res.get_output("text_output") is not None:
+            if res.get_response().outputs:
                 result.responses.append(res)
                 if on_response:
                     on_response(len(result.responses))

@@ -12,7 +12,7 @@ import json
 import pytest
 import requests
 
-from tests.pipelines.client import bytes_input, stream, text_request
+from tests.e2e.client import bytes_input, llm_inputs, stream
 
 pytestmark = pytest.mark.server
 
@@ -36,7 +36,7 @@ def direct(server) -> dict[str, list[str]]:
     """vllm_model's streamed responses per prompt: the reference."""
     results = {}
     for prompt in PROMPTS:
-        result = stream(server.grpc_url, DIRECT, text_request(prompt, GREEDY))
+        result = stream(server.grpc_url, DIRECT, llm_inputs(prompt, GREEDY))
         assert result.error is None, result.error
         results[prompt] = result.texts()
     return results
@@ -47,7 +47,7 @@ def direct(server) -> dict[str, list[str]]:
 def test_streamed_greedy_output_equals_vllm_model_response_by_response(
     server, direct, model: str, prompt: str
 ) -> None:
-    result = stream(server.grpc_url, model, text_request(prompt, GREEDY))
+    result = stream(server.grpc_url, model, llm_inputs(prompt, GREEDY))
     assert result.error is None, result.error
     assert len(result.responses) > 1  # really streamed
     assert result.texts() == direct[prompt]
@@ -57,14 +57,14 @@ def test_streamed_greedy_output_equals_vllm_model_response_by_response(
 @pytest.mark.parametrize("model", ENSEMBLES)
 def test_non_streamed_output_equals_vllm_model(server, direct, model: str) -> None:
     prompt = PROMPTS[1]
-    result = stream(server.grpc_url, model, text_request(prompt, GREEDY, stream=False))
+    result = stream(server.grpc_url, model, llm_inputs(prompt, GREEDY, stream=False))
     assert result.error is None, result.error
     assert len(result.responses) == 1
     assert result.text == "".join(direct[prompt])
 
 
 def test_return_flags_pass_through_the_ensemble(server) -> None:
-    inputs = text_request(
+    inputs = llm_inputs(
         PROMPTS[0], GREEDY, return_finish_reason=True, return_num_output_tokens=True
     )
     result = stream(server.grpc_url, "ensemble_vllm", inputs)
@@ -77,7 +77,7 @@ def test_return_flags_pass_through_the_ensemble(server) -> None:
 def test_genai_perf_style_request_works(server) -> None:
     """genai-perf --backend vllm sends max_tokens as a string inside sampling_parameters."""
     sampling = {"max_tokens": "8", "ignore_eos": "true"}
-    result = stream(server.grpc_url, "ensemble_vllm", text_request(PROMPTS[0], sampling))
+    result = stream(server.grpc_url, "ensemble_vllm", llm_inputs(PROMPTS[0], sampling))
     assert result.error is None, result.error
     assert result.text
 
@@ -94,5 +94,5 @@ def test_bad_input_names_the_field_and_the_ensemble_stays_ready(server) -> None:
     assert "sampling_parameters.temperature" in str(result.error)
     ready = requests.get(f"http://{server.http_url}/v2/models/{model}/ready", timeout=10)
     assert ready.status_code == 200
-    again = stream(server.grpc_url, model, text_request(PROMPTS[0], GREEDY))
+    again = stream(server.grpc_url, model, llm_inputs(PROMPTS[0], GREEDY))
     assert again.error is None and again.text

@@ -9,8 +9,15 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import control_model, metric, wait_for
-from tests.pipelines.client import bool_input, bytes_input, stream, text_request
+from tests.e2e.client import (
+    bool_input,
+    bytes_input,
+    control_model,
+    llm_inputs,
+    metric,
+    stream,
+    wait_for,
+)
 from tritonforge.guard import redact
 
 pytestmark = pytest.mark.server
@@ -69,12 +76,12 @@ def test_prompt_secrets_never_reach_the_llm_and_are_reported(server) -> None:
     assert [f["type"] for f in findings] == ["email", "card"]
     # The LLM saw the redacted prompt: same greedy answer as vllm_model on it.
     redacted, _ = redact(prompt)
-    direct = stream(server.grpc_url, "vllm_model", text_request(redacted, GREEDY))
+    direct = stream(server.grpc_url, "vllm_model", llm_inputs(redacted, GREEDY))
     assert result.text == redact(direct.text)[0]
 
 
 def test_output_secrets_are_redacted_while_streaming(server) -> None:
-    direct = stream(server.grpc_url, "vllm_model", text_request(PHONE_PROMPT, GREEDY))
+    direct = stream(server.grpc_url, "vllm_model", llm_inputs(PHONE_PROMPT, GREEDY))
     expected, findings = redact(direct.text)
     assert findings, f"precondition: the model's answer holds a secret: {direct.text!r}"
     result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, GREEDY))
