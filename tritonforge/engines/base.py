@@ -163,3 +163,31 @@ class Engine(abc.ABC):
                 f"{self.max_context} tokens and must leave room for at least one output token",
             )
         return prepared
+
+
+class HFTokenizedEngine(Engine):
+    """An engine that hands out a HuggingFace-style tokenizer (vLLM, TensorRT-LLM).
+
+    Subclasses set ``_tokenizer``, ``_max_context`` and ``_vocab_size`` in ``start()``;
+    tokenizing and chat rendering are then the same for both.
+    """
+
+    _tokenizer: Any = None
+    _max_context: int = 0
+    _vocab_size: int = 0
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        return self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )

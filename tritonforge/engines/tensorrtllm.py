@@ -32,7 +32,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tritonforge.engine_config import resolve_paths
-from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.engines.base import (
+    EngineOutput,
+    EngineStats,
+    HFTokenizedEngine,
+    PreparedPrompt,
+)
 from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams, parse_sampling_value
 from tritonforge.text_stream import StopStringMatcher
@@ -268,7 +273,7 @@ class _Logprob:
     rank: int | None
 
 
-class TensorRTLLMEngine(Engine):
+class TensorRTLLMEngine(HFTokenizedEngine):
     metric_prefix = "trtllm"
     extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = TRTLLM_INPUTS
 
@@ -322,22 +327,6 @@ class TensorRTLLMEngine(Engine):
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
-        return self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
 
     def _logprobs(self, completion: Any) -> list[dict[int, dict[str, Any]]] | None:
         entries = completion.logprobs_diff

@@ -22,7 +22,12 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from tritonforge.engine_config import resolve_paths
-from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.engines.base import (
+    EngineOutput,
+    EngineStats,
+    HFTokenizedEngine,
+    PreparedPrompt,
+)
 from tritonforge.sampling import SamplingParams
 
 
@@ -76,15 +81,12 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     )
 
 
-class VllmEngine(Engine):
+class VllmEngine(HFTokenizedEngine):
     metric_prefix = "vllm"
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self._args = engine_args
         self._engine: AsyncLLM | None = None
-        self._tokenizer: Any = None
-        self._max_context = 0
-        self._vocab_size = 0
 
     @classmethod
     def config_file(cls) -> str:
@@ -107,22 +109,6 @@ class VllmEngine(Engine):
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await asyncio.to_thread(engine.shutdown)
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
-        return self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
