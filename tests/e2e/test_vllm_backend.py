@@ -132,33 +132,6 @@ def test_multibyte_utf8_streams_exactly(server) -> None:
     assert any(ord(ch) > 127 for ch in whole.text), whole.text
 
 
-def test_additional_outputs(server) -> None:
-    result = stream(
-        server.grpc_url,
-        MODEL,
-        llm_inputs(
-            PROMPTS[0],
-            sampling={"temperature": 0, "max_tokens": 5, "ignore_eos": True},
-            stream=False,
-            return_finish_reason=True,
-            return_cumulative_logprob=True,
-            return_logprobs=True,
-            return_num_input_tokens=True,
-            return_num_output_tokens=True,
-            return_output_ids=True,
-        ),
-    )
-    assert result.error is None
-    (response,) = result.responses
-    assert response.as_numpy("finish_reason")[0] == b"length"
-    assert response.as_numpy("num_output_tokens")[0] == 5
-    assert response.as_numpy("num_input_tokens")[0] > 3
-    assert len(response.as_numpy("output_ids")) == 5
-    assert response.as_numpy("cumulative_logprob")[0] < 0
-    logprobs = json.loads(response.as_numpy("logprobs")[0])
-    assert len(logprobs) == 5
-
-
 @pytest.mark.parametrize(
     ("constraint", "check"),
     [
