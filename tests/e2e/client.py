@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import re
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 
 def bytes_input(name: str, value: str | bytes) -> grpcclient.InferInput:
@@ -105,10 +107,12 @@ def stream(
             if _is_final(res):
                 break
             if stop_after is not None and len(result.responses) >= stop_after:
-                client.stop_stream(cancel_requests=True)
-                break
+                break  # the finally block cancels it
     finally:
-        client.stop_stream(cancel_requests=True)
+        # After an error response tritonclient marks the stream invalid and stop_stream
+        # raises; the error itself is already in ``result``.
+        with contextlib.suppress(InferenceServerException):
+            client.stop_stream(cancel_requests=True)
         client.close()
     return result
 

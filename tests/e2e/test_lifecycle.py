@@ -12,10 +12,34 @@ import psutil
 import pytest
 
 from tests.e2e.client import control_model, generate, llm_inputs, stream, wait_for
-from tritonforge.launcher import free_port
+from tritonforge.launcher import TritonServer, free_port
 
 MODEL = "vllm_model"
 pytestmark = [pytest.mark.server, pytest.mark.last]
+
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server of these tests' own, with vllm_model only.
+
+    They unload, reload and stop it, so they must not depend on what the rest of the
+    suite left on the shared server (see the closing note: after the pipeline tests,
+    some models there do not finish unloading within Triton's exit timeout).
+    """
+    ports = set()
+    while len(ports) < 3:
+        ports.add(free_port())
+    http, grpc, metrics = sorted(ports)
+    log = tmp_path_factory.mktemp("lifecycle") / "server.log"
+    server = TritonServer(
+        http_port=http, grpc_port=grpc, metrics_port=metrics, models=[MODEL], log_path=log
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
 
 
 def _model_processes(server, model: str) -> list[psutil.Process]:
@@ -31,9 +55,9 @@ def _model_processes(server, model: str) -> list[psutil.Process]:
     return found
 
 
-def test_unload_with_a_request_in_flight_then_reload(triton_server) -> None:
+def test_unload_with_a_request_in_flight_then_reload(own_server) -> None:
     """Triton lets in-flight requests finish before finalize(); then stub and engine exit."""
-    server = triton_server
+    server = own_server
     assert server.process is not None, "needs a server owned by the test session"
     before = _model_processes(server, MODEL)
     assert len(before) >= 2  # the stub and vLLM's engine-core process
@@ -77,8 +101,8 @@ def test_unload_with_a_request_in_flight_then_reload(triton_server) -> None:
     assert "text_output" in answer, answer
 
 
-def test_shutdown_leaves_no_process(triton_server) -> None:
-    server = triton_server
+def test_shutdown_leaves_no_process(own_server) -> None:
+    server = own_server
     assert server.process is not None, "needs a server owned by the test session"
     children = server.descendants()
     assert children, "expected stub processes under the server"
