@@ -88,6 +88,17 @@ class TritonMetrics:
         if record.outcome == "finished":
             self.e2e.observe(record.e2e_s)
 
+    def close(self) -> None:
+        """Release every Metric, then its family, while the stub can still reach Triton.
+
+        Left to interpreter shutdown, a MetricFamily is destroyed after the stub's shared
+        memory is gone and the stub segfaults on its way out (python backend 24.10).
+        """
+        for name in list(vars(self)):
+            if name != "_families":
+                delattr(self, name)
+        self._families.clear()
+
     def set_stats(self, stats: EngineStats) -> None:
         self.running.set(stats.running)
         self.waiting.set(stats.waiting)

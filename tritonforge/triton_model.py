@@ -149,10 +149,10 @@ class LLMModel:
         engine_config = load_engine_config(version_dir, self.engine_class.config_file())
         engine = self.engine_class.from_config(engine_config, version_dir)
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
+        self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
         self.runtime = Runtime(
             engine,
-            metrics,
+            self.metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
             poll_interval_s=engine.cancellation_check_s,
@@ -175,7 +175,8 @@ class LLMModel:
         return None
 
     def finalize(self) -> None:
-        self.runtime.stop()
+        self.runtime.stop()  # the response thread is done: nothing records any more
+        self.metrics.close()
 
 
 def make_model(engine_class: type[Engine]) -> type[LLMModel]:
