@@ -39,12 +39,14 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log")
     )
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
+    # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
     server = TritonServer(
         http_port=http,
         grpc_port=grpc,
         metrics_port=metrics,
         log_path=log,
         models=only.split(",") if only else None,
+        extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),
     )
     server.start()
     try:
