@@ -114,7 +114,7 @@ def test_inner_error_reaches_the_client_and_the_pipeline_stays_ready(server) -> 
     assert result.error is not None
     assert "vllm_model: text_input: prompt is" in str(result.error)
     assert _ready(server, "guarded_chat")
-    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {**GREEDY, "max_tokens": 4}))
     assert again.error is None and again.text
 
 
@@ -165,8 +165,10 @@ def _state(server, model: str) -> str:
 
 @pytest.mark.last
 @pytest.mark.xfail(
-    reason="known open issue (README, closing note): after the pipeline suite has run on the "
-    "shared server, the guarded_chat unload does not finish; it passes on a fresh server",
+    reason="known open issue (README): a client cancel racing the unload, after earlier "
+    "cancelled and failed requests, leaves guarded_chat UNLOADING (every full pipeline run "
+    "here; usually within 20 tries of scripts/repro_guarded_chat_unload.py); its stub is idle and "
+    "Triton 2.51 never calls finalize: a reference held inside Triton",
     strict=False,
 )
 def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> None:
@@ -186,5 +188,5 @@ def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> N
     unload_s = time.monotonic() - started
     control_model(server.grpc_url, "load", "guarded_chat")
     assert _ready(server, "guarded_chat"), f"(unload took {unload_s:.1f} s)"
-    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {**GREEDY, "max_tokens": 4}))
     assert again.error is None and again.text

@@ -1,0 +1,106 @@
+"""Reproduce the open guarded_chat unload hang (README, "Known issue") for a bug report.
+
+Starts a private tritonserver with vllm_model, guard and guarded_chat, then repeats: an
+inner error, a readiness probe, a short answer, a client cancel after five responses, a
+probe, one second idle, a client cancel after two responses and, right after it, an unload
+of guarded_chat. An unload normally takes ~1.5 s; when guarded_chat is still UNLOADING
+after ``--wait`` seconds the script reports the iteration and stops (exit status 1).
+
+Seen on Triton 2.51 / python backend 24.10: the first hang came at iterations 1 to 16.
+The stub is then idle (only its main thread; nothing for the garbage collector), Triton
+never calls the instance's finalize, and unloading vllm_model does not release it.
+
+    .venv/bin/python scripts/repro_guarded_chat_unload.py --iterations 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.client import bool_input, bytes_input, control_model, stream  # noqa: E402
+from tritonforge.launcher import TritonServer, free_port  # noqa: E402
+
+GREEDY = {"temperature": 0, "max_tokens": 48}
+LONG = {"max_tokens": 1500, "ignore_eos": True}
+
+
+def _chat(prompt: str, sampling: dict) -> list:
+    return [
+        bytes_input("text_input", prompt),
+        bytes_input("sampling_parameters", json.dumps(sampling)),
+        bool_input("stream", True),
+    ]
+
+
+def _state(server: TritonServer, model: str) -> str:
+    index = requests.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
+    return next((m.get("state", "") for m in index if m["name"] == model), "")
+
+
+def _probe(server: TritonServer) -> None:
+    requests.get(f"http://{server.http_url}/v2/models/guarded_chat/ready", timeout=10)
+
+
+def _iteration(server: TritonServer) -> None:
+    url = server.grpc_url
+    stream(url, "guarded_chat", _chat("word " * 2100, GREEDY))  # too long: inner error
+    _probe(server)
+    stream(url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    stream(
+        url,
+        "guarded_chat",
+        _chat("Tell me a long story.", {**LONG, "temperature": 0}),
+        stop_after=5,
+    )
+    _probe(server)
+    time.sleep(1)
+    stream(url, "guarded_chat", _chat("Tell me a long story.", LONG), stop_after=2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--wait", type=float, default=15.0, help="seconds an unload may take")
+    parser.add_argument("--log", type=Path, default=Path("repro-guarded-chat.log"))
+    args = parser.parse_args()
+
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    server = TritonServer(
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        models=["vllm_model", "guard", "guarded_chat"],
+        log_path=args.log,
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        for n in range(1, args.iterations + 1):
+            _iteration(server)
+            started = time.monotonic()
+            control_model(server.grpc_url, "unload", "guarded_chat")
+            while time.monotonic() - started < args.wait:
+                if _state(server, "guarded_chat") == "UNAVAILABLE":
+                    break
+                time.sleep(0.2)
+            else:
+                print(f"iteration {n}: guarded_chat still UNLOADING after {args.wait:.0f} s")
+                return 1
+            print(f"iteration {n}: unloaded in {time.monotonic() - started:.1f} s", flush=True)
+            control_model(server.grpc_url, "load", "guarded_chat")
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
