@@ -166,7 +166,7 @@ def _state(server, model: str) -> str:
 @pytest.mark.last
 @pytest.mark.xfail(
     reason="known open issue (README): a client cancel racing the unload, after earlier "
-    "cancelled and failed requests, leaves guarded_chat UNLOADING (every full pipeline "
+    "cancelled and failed requests, leaves guarded_chat UNLOADING (most full pipeline "
     "run here; usually within 20 tries of scripts/repro_guarded_chat_unload.py); its "
     "stub is idle and Triton 2.51 never calls finalize: a reference held inside Triton",
     strict=False,
