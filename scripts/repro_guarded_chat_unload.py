@@ -16,7 +16,6 @@ never calls the instance's finalize, and unloading vllm_model does not release i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,24 +25,11 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.client import bool_input, bytes_input, control_model, stream  # noqa: E402
+from tests.e2e.client import control_model, llm_inputs, model_state, stream  # noqa: E402
 from tritonforge.launcher import TritonServer, free_port  # noqa: E402
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
 LONG = {"max_tokens": 1500, "ignore_eos": True}
-
-
-def _chat(prompt: str, sampling: dict) -> list:
-    return [
-        bytes_input("text_input", prompt),
-        bytes_input("sampling_parameters", json.dumps(sampling)),
-        bool_input("stream", True),
-    ]
-
-
-def _state(server: TritonServer, model: str) -> str:
-    index = requests.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
-    return next((m.get("state", "") for m in index if m["name"] == model), "")
 
 
 def _probe(server: TritonServer) -> None:
@@ -52,18 +38,18 @@ def _probe(server: TritonServer) -> None:
 
 def _iteration(server: TritonServer) -> None:
     url = server.grpc_url
-    stream(url, "guarded_chat", _chat("word " * 2100, GREEDY))  # too long: inner error
+    stream(url, "guarded_chat", llm_inputs("word " * 2100, GREEDY))  # too long: inner error
     _probe(server)
-    stream(url, "guarded_chat", _chat("Say hi.", {"max_tokens": 4}))
+    stream(url, "guarded_chat", llm_inputs("Say hi.", {"max_tokens": 4}))
     stream(
         url,
         "guarded_chat",
-        _chat("Tell me a long story.", {**LONG, "temperature": 0}),
+        llm_inputs("Tell me a long story.", {**LONG, "temperature": 0}),
         stop_after=5,
     )
     _probe(server)
     time.sleep(1)
-    stream(url, "guarded_chat", _chat("Tell me a long story.", LONG), stop_after=2)
+    stream(url, "guarded_chat", llm_inputs("Tell me a long story.", LONG), stop_after=2)
 
 
 def main() -> int:
@@ -89,7 +75,7 @@ def main() -> int:
             started = time.monotonic()
             control_model(server.grpc_url, "unload", "guarded_chat")
             while time.monotonic() - started < args.wait:
-                if _state(server, "guarded_chat") == "UNAVAILABLE":
+                if model_state(server.http_url, "guarded_chat") == "UNAVAILABLE":
                     break
                 time.sleep(0.2)
             else:

@@ -166,6 +166,12 @@ def metric(metrics_url: str, name: str, **labels: str) -> float:
     return total
 
 
+def model_state(http_url: str, model: str) -> str:
+    """A model's state in the repository index ("READY", "UNLOADING", …; "" if unknown)."""
+    index = requests.post(f"http://{http_url}/v2/repository/index", timeout=10).json()
+    return next((m.get("state", "") for m in index if m["name"] == model), "")
+
+
 def wait_for(
     predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition"
 ) -> None:

@@ -15,6 +15,7 @@ from tests.e2e.client import (
     control_model,
     llm_inputs,
     metric,
+    model_state,
     stream,
     wait_for,
 )
@@ -158,11 +159,6 @@ def _stubs(server, model: str) -> list:
     return found
 
 
-def _state(server, model: str) -> str:
-    index = requests.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
-    return next((m.get("state", "") for m in index if m["name"] == model), "")
-
-
 @pytest.mark.last
 @pytest.mark.xfail(
     reason="known open issue (README): a client cancel racing the unload, after earlier "
@@ -183,7 +179,9 @@ def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> N
     assert _stubs(server, "guarded_chat")
     started = time.monotonic()
     control_model(server.grpc_url, "unload", "guarded_chat")
-    wait_for(lambda: _state(server, "guarded_chat") == "UNAVAILABLE", what="the unload")
+    wait_for(
+        lambda: model_state(server.http_url, "guarded_chat") == "UNAVAILABLE", what="the unload"
+    )
     wait_for(lambda: not _stubs(server, "guarded_chat"), what="the stub process to exit")
     unload_s = time.monotonic() - started
     control_model(server.grpc_url, "load", "guarded_chat")
