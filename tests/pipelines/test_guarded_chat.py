@@ -24,9 +24,14 @@ from tritonforge.guard import redact
 pytestmark = pytest.mark.server
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
-# SmolLM2 answers this with a phone number of its own (" 123-456-7890."): the output
-# guard works on real model output.
 PHONE_PROMPT = "An example phone number in the US is"
+# The output guard works on real model output, but which digits (and whether a number
+# at all) a greedy 135M model prints depends on the CPU's bf16 kernels: a structured
+# output makes the engine write a US number, its digits still chosen by the model.
+PHONE_ANSWER = {
+    **GREEDY,
+    "structured_outputs": {"regex": "Call me at [0-9]{3}-[0-9]{3}-[0-9]{4}, please\\."},
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +74,7 @@ def test_guard_model_rejects_invalid_utf8_and_stays_ready(server) -> None:
 # --- guarded_chat: redaction ----------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_prompt_secrets_never_reach_the_llm_and_are_reported(server) -> None:
     prompt = "My email is jo@example.com and my card 4111 1111 1111 1111. Say hi."
     result = stream(server.grpc_url, "guarded_chat", _chat(prompt, GREEDY))
@@ -81,11 +87,12 @@ def test_prompt_secrets_never_reach_the_llm_and_are_reported(server) -> None:
     assert result.text == redact(direct.text)[0]
 
 
+@pytest.mark.numerics
 def test_output_secrets_are_redacted_while_streaming(server) -> None:
-    direct = stream(server.grpc_url, "vllm_model", llm_inputs(PHONE_PROMPT, GREEDY))
+    direct = stream(server.grpc_url, "vllm_model", llm_inputs(PHONE_PROMPT, PHONE_ANSWER))
     expected, findings = redact(direct.text)
-    assert findings, f"precondition: the model's answer holds a secret: {direct.text!r}"
-    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, GREEDY))
+    assert [f.type for f in findings] == ["phone"], direct.text
+    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, PHONE_ANSWER))
     assert result.error is None, result.error
     assert len(result.responses) > 1
     assert result.text == expected
@@ -93,11 +100,12 @@ def test_output_secrets_are_redacted_while_streaming(server) -> None:
     assert reported == [{"type": f.type, "start": f.start, "end": f.end} for f in findings]
 
 
+@pytest.mark.numerics
 def test_non_streamed_chat_answers_once(server) -> None:
-    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, GREEDY, False))
+    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, PHONE_ANSWER, False))
     assert result.error is None, result.error
     assert len(result.responses) == 1
-    assert "[PHONE]" in result.text and "456" not in result.text
+    assert result.text == "Call me at [PHONE], please.", result.text
 
 
 # --- guarded_chat: errors, cancellation, lifecycle ------------------------------------
