@@ -9,6 +9,7 @@ A backend's ``model.py`` is two lines: ``make_model(SomeEngine)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,12 @@ class TritonChannel:
 
     A request is cancelled when Triton says so or when the BLS model that sent it
     marked its id on the :class:`CancelBoard` (Triton 24.10 BLS cannot cancel).
+
+    Exactly one response carries the FINAL flag, and once it is sent the sender is
+    never touched again: python_backend 24.10 deletes a request's response factory on
+    FINAL, and a later ``is_cancelled()`` or ``send()`` makes the parent look up a
+    factory that is gone. Triton keeps a model UNLOADING until every request has had
+    its FINAL, so a lost one wedges the unload.
     """
 
     _board = CancelBoard()
@@ -79,10 +86,19 @@ class TritonChannel:
     def __init__(self, sender: Any, request_id: str = "") -> None:
         self._sender = sender
         self._request_id = request_id
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once the FINAL response went out (or was attempted)."""
+        return self._closed
 
     def send(
         self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
     ) -> None:
+        if self._closed:
+            return
+        self._closed = final
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         if isinstance(error, asyncio.CancelledError) and self._board.is_cancelled(self._request_id):
             # The BLS caller cancelled and expects no more: end quietly. An error response
@@ -99,9 +115,17 @@ class TritonChannel:
         else:
             self._sender.send(flags=flags)
             return
-        self._sender.send(response, flags=flags)
+        try:
+            self._sender.send(response, flags=flags)
+        except Exception:
+            if final:  # the response could not go out: the FINAL flag still must
+                with contextlib.suppress(Exception):
+                    self._sender.send(flags=flags)
+            raise
 
     def is_cancelled(self) -> bool:
+        if self._closed:
+            return False  # finished: its response factory no longer exists
         return self._sender.is_cancelled() or self._board.is_cancelled(self._request_id)
 
 

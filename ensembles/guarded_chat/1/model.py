@@ -10,6 +10,7 @@ so an unload returns promptly and leaves no BLS request behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -48,10 +49,16 @@ def _error(exc: BaseException) -> Any:
 
 
 class _Outbox:
-    """A response sender as :class:`~tritonforge.guarded_chat.Outbox`."""
+    """A response sender as :class:`~tritonforge.guarded_chat.Outbox`.
+
+    Exactly one FINAL per request, and nothing after it (python_backend 24.10 deletes
+    the response factory on FINAL; Triton keeps the model UNLOADING until every request
+    has had one): a failed final send still sends a bare FINAL.
+    """
 
     def __init__(self, sender: Any) -> None:
         self._sender = sender
+        self._closed = False
 
     @staticmethod
     def _response(tensors: dict[str, np.ndarray] | None, error: Exception | None) -> Any:
@@ -62,13 +69,22 @@ class _Outbox:
         )
 
     def send(self, tensors: dict[str, np.ndarray], error: None = None) -> None:
-        self._sender.send(self._response(tensors, error))
+        if not self._closed:
+            self._sender.send(self._response(tensors, error))
 
     def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
-        self._sender.send(self._response(tensors, error), flags=FINAL)
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sender.send(self._response(tensors, error), flags=FINAL)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._sender.send(flags=FINAL)
+            raise
 
     def is_cancelled(self) -> bool:
-        return self._sender.is_cancelled()
+        return not self._closed and self._sender.is_cancelled()
 
 
 class TritonPythonModel:
