@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,7 +12,14 @@ import threading
 import psutil
 import pytest
 
-from tests.e2e.client import control_model, generate, llm_inputs, stream, wait_for
+from tests.e2e.client import (
+    control_model,
+    generate,
+    llm_inputs,
+    model_state,
+    stream,
+    wait_for,
+)
 from tritonforge.launcher import TritonServer, free_port
 
 MODEL = "vllm_model"
@@ -55,6 +63,25 @@ def _model_processes(server, model: str) -> list[psutil.Process]:
     return found
 
 
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+    return alive
+
+
+def _describe(proc: psutil.Process) -> str:
+    """pid, parent, state and command line: what a failed exit check must show."""
+    try:
+        return (
+            f"  pid {proc.pid} (parent {proc.ppid()}, {proc.status()}): {' '.join(proc.cmdline())}"
+        )
+    except psutil.Error as exc:
+        return f"  pid {proc.pid}: {exc!r}"
+
+
 def test_unload_with_a_request_in_flight_then_reload(own_server) -> None:
     """Triton lets in-flight requests finish before finalize(); then stub and engine exit."""
     server = own_server
@@ -87,11 +114,13 @@ def test_unload_with_a_request_in_flight_then_reload(own_server) -> None:
     result = outcome["result"]
     assert result.error is None, result.error
     assert result.outputs("finish_reason")[-1][0] == b"length"  # it ran to completion
-    wait_for(
-        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in before),
-        timeout_s=120,
-        what="stub and engine exit",
-    )
+    try:
+        wait_for(lambda: not _alive(before), timeout_s=120, what="stub and engine exit")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}; model state {model_state(server.http_url, MODEL)!r}; still running:\n"
+            + "\n".join(_describe(p) for p in _alive(before))
+        ) from None
     assert not _model_processes(server, MODEL)
 
     control_model(server.grpc_url, "load", MODEL)
