@@ -148,10 +148,6 @@ class Runtime:
 
     # --- request path ----------------------------------------------------------
 
-    @property
-    def inflight(self) -> int:
-        return len(self._inflight)
-
     def submit(self, request: GenerateRequest, channel: Channel) -> None:
         """Hand a parsed request to the engine loop (called on Triton's thread).
 

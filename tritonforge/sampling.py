@@ -54,10 +54,6 @@ class SamplingParams:
     structured_outputs: StructuredOutput | None = None
     n: int = 1
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
 
 # --- value coercion: each returns the typed value or raises RequestError ---------
 
