@@ -155,7 +155,7 @@ class LLMModel:
             self.metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
-            poll_interval_s=engine.cancellation_check_s,
+            cancellation_poll_s=engine.cancellation_poll_s,
         )
         self.runtime.start()
 

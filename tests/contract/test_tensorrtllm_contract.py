@@ -81,7 +81,7 @@ def test_model_yaml_keys_go_to_the_llm_and_triton_config_stays_out(engine) -> No
         "guided_decoding_backend": "xgrammar",
     }
     assert engine.max_context == 256
-    assert engine.cancellation_check_s == 0.05
+    assert engine.cancellation_poll_s == 0.05
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_runtime_streams_and_cancels_through_the_adapter(monkeypatch) -> None:
     monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
     engine = TensorRTLLMEngine.from_config(MODEL_YAML, Path("/repo/m/1"), api=API)
     sink = Sink()
-    runtime = Runtime(engine, sink, Logger(), max_inflight=4, poll_interval_s=0.01)
+    runtime = Runtime(engine, sink, Logger(), max_inflight=4, cancellation_poll_s=0.01)
     runtime.start()
     try:
         sampling = np.array([b'{"max_tokens": 64, "temperature": 0}'], dtype=np.object_)

@@ -63,7 +63,7 @@ class Engine(abc.ABC):
     extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     #: How often the runtime checks for cancelled clients (seconds).
-    cancellation_check_s: float = 0.1
+    cancellation_poll_s: float = 0.1
 
     @classmethod
     def translate_inputs(

@@ -277,10 +277,10 @@ class TensorRTLLMEngine(HFTokenizedEngine):
     metric_prefix = "trtllm"
     extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = TRTLLM_INPUTS
 
-    def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_s: float) -> None:
+    def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_poll_s: float) -> None:
         self._kwargs = llm_kwargs
         self._api = api
-        self.cancellation_check_s = cancellation_s
+        self.cancellation_poll_s = cancellation_poll_s
         self._llm: Any = None
         self._tokenizer: Any = None
         self._max_context = 0
@@ -295,10 +295,10 @@ class TensorRTLLMEngine(HFTokenizedEngine):
     def from_config(
         cls, config: Mapping[str, Any], model_dir: Path, api: LlmApi | None = None
     ) -> TensorRTLLMEngine:
-        llm_kwargs, cancellation_s = split_model_yaml(config)
+        llm_kwargs, cancellation_poll_s = split_model_yaml(config)
         api = api or load_llm_api()
         llm_kwargs = resolve_paths(llm_kwargs, model_dir, keys=("model", "tokenizer"))
-        return cls(llm_kwargs, api, cancellation_s)
+        return cls(llm_kwargs, api, cancellation_poll_s)
 
     @classmethod
     def translate_inputs(
