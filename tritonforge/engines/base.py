@@ -13,9 +13,7 @@ import abc
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import Any
 
 from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams
@@ -57,26 +55,8 @@ class Engine(abc.ABC):
     #: Prefix of this engine's Prometheus metric names (``vllm:prompt_tokens_total``).
     metric_prefix: str = "llm"
 
-    #: Input tensors this engine accepts beyond the common schema (Triton config specs,
-    #: added by auto-complete), so clients of the engine's upstream Triton model work
-    #: unchanged. :meth:`translate_inputs` maps them onto the common schema.
-    extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = ()
-
     #: How often the runtime checks for cancelled clients (seconds).
     cancellation_poll_s: float = 0.1
-
-    @classmethod
-    def translate_inputs(
-        cls, inputs: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Map an engine's own input dialect onto the common schema.
-
-        Returns the common-schema inputs and typed sampling values read from dialect
-        tensors (validated with :func:`~tritonforge.sampling.parse_sampling_value`, so
-        errors name the tensor the client sent). The default accepts only the common
-        schema; it runs on Triton's thread and must not touch the engine.
-        """
-        return dict(inputs), {}
 
     @classmethod
     @abc.abstractmethod
