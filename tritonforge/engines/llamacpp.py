@@ -25,7 +25,6 @@ import asyncio
 import ctypes
 import queue
 import random
-import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,68 +34,14 @@ from typing import Any
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, SchemaConverter
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from tritonforge.engine_config import resolve_paths
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.engines.gbnf import compile_grammar
 from tritonforge.errors import RequestError
-from tritonforge.sampling import SamplingParams, StructuredOutput
+from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import TextStream
-
-STRUCTURED_FIELD = "sampling_parameters.structured_outputs"
-
-
-# --- structured outputs: every kind becomes a GBNF grammar -----------------------
-
-
-def _gbnf_literal(text: str) -> str:
-    escaped = (
-        text.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-    )
-    return f'"{escaped}"'
-
-
-def _regex_gbnf(pattern: str) -> str:
-    """A regular expression (matched whole, as in vLLM) as a GBNF grammar."""
-    pattern = pattern.removeprefix("^")
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1]
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=True)
-    converter.visit({"type": "string", "pattern": f"^{pattern}$"}, "")
-    return converter.format_grammar()
-
-
-def structured_gbnf(spec: StructuredOutput) -> str:
-    """GBNF text for a structured-output constraint; RequestError names what failed.
-
-    ``json`` (a JSON schema) and ``regex`` go through llama.cpp's own schema/regex to
-    grammar converter; ``grammar`` is taken as GBNF, llama.cpp's grammar language
-    (vLLM's ``grammar`` is EBNF/Lark: the same key, another language).
-    """
-    where = f"{STRUCTURED_FIELD}.{spec.kind}"
-    try:
-        if spec.kind == "json":
-            converter = SchemaConverter(
-                prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
-            )
-            schema = converter.resolve_refs(spec.value, "request")
-            converter.visit(schema, "")
-            return converter.format_grammar()
-        if spec.kind == "json_object":
-            return JSON_GBNF
-        if spec.kind == "regex":
-            re.compile(spec.value)  # the converter accepts some malformed patterns
-            return _regex_gbnf(spec.value)
-        if spec.kind == "choice":
-            return "root ::= " + " | ".join(_gbnf_literal(c) for c in spec.value)
-        return spec.value  # grammar: GBNF as given
-    except Exception as exc:  # the converters raise assorted errors on input they reject
-        raise RequestError(where, f"llama.cpp cannot turn this into a grammar: {exc}") from None
-
 
 # --- one request in the worker's queue -------------------------------------------
 
@@ -226,20 +171,7 @@ class LlamaCppEngine(Engine):
 
     def _grammar(self, sampling: SamplingParams) -> LlamaGrammar | None:
         spec = sampling.structured_outputs
-        if spec is None:
-            return None
-        text = structured_gbnf(spec)
-        # llama.cpp returns NULL for a grammar it cannot parse, and adding NULL to a
-        # sampler chain crashes: check it here, where a bad grammar is the client's error.
-        probe = llama_cpp.llama_sampler_init_grammar(
-            self._llama._model.vocab, text.encode("utf-8"), b"root"
-        )
-        if not probe:
-            raise RequestError(
-                f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar"
-            )
-        llama_cpp.llama_sampler_free(probe)
-        return LlamaGrammar.from_string(text, verbose=False)
+        return None if spec is None else compile_grammar(spec, self._llama._model.vocab)
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
