@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutput | None = None
     n: int = 1
+
+    def seed_or_random(self) -> int:
+        """The client's seed, else a fresh one for this request.
+
+        Unseeded requests differ from each other in vLLM; engines that would fall back
+        to a fixed or a reused seed (TensorRT-LLM's 0, llama.cpp's context seed) use
+        this so that they vary the same way.
+        """
+        return self.seed if self.seed is not None else random.getrandbits(63)
 
 
 # --- value coercion: each returns the typed value or raises RequestError ---------

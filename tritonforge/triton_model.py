@@ -151,7 +151,7 @@ class LLMModel:
             for key, value in model_config.get("parameters", {}).items()
         }
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        engine_config = load_engine_config(version_dir, self.engine_class.config_file())
+        engine_config = load_engine_config(version_dir, self.engine_class.config_file.name)
         engine = self.engine_class.from_config(engine_config, version_dir)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)

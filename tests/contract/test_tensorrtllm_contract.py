@@ -29,7 +29,13 @@ from tritonforge.schema import parse_request
 
 pytestmark = pytest.mark.contract
 
-API = LlmApi(trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams)
+
+class StandInEngine(TensorRTLLMEngine):
+    """The adapter bound to the stand-in instead of TensorRT-LLM's LLM API."""
+
+    llm_api = LlmApi(trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams)
+
+
 MODEL_YAML = {
     "model": "$TRITONFORGE_TEST_MODEL/llm",
     "backend": "pytorch",
@@ -42,7 +48,7 @@ MODEL_YAML = {
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> TensorRTLLMEngine:
     monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
-    engine = TensorRTLLMEngine.from_config(MODEL_YAML, Path("/repo/m/1"), api=API)
+    engine = StandInEngine.from_config(MODEL_YAML, Path("/repo/m/1"))
     asyncio.run(engine.start())
     return engine
 
@@ -291,7 +297,7 @@ def served(sink: Sink, count: int) -> None:
 
 def test_runtime_streams_and_cancels_through_the_adapter(monkeypatch) -> None:
     monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
-    engine = TensorRTLLMEngine.from_config(MODEL_YAML, Path("/repo/m/1"), api=API)
+    engine = StandInEngine.from_config(MODEL_YAML, Path("/repo/m/1"))
     sink = Sink()
     runtime = Runtime(engine, sink, Logger(), max_inflight=4, cancellation_poll_s=0.01)
     runtime.start()

@@ -8,13 +8,12 @@ Runs the real Runtime on a scripted engine; no server.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 
-from tritonforge.engines.base import Engine, EngineOutput, PreparedPrompt
+from tritonforge.engines.base import ConfigFile, Engine, EngineOutput, PreparedPrompt
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
 
@@ -28,12 +27,10 @@ SCRIPT = [
 
 
 class ScriptedEngine(Engine):
-    @classmethod
-    def config_file(cls) -> str:
-        return "none"
+    config_file = ConfigFile("none")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> ScriptedEngine:
+    def from_settings(cls, settings: dict[str, Any]) -> ScriptedEngine:
         return cls()
 
     async def start(self) -> None: ...

@@ -77,6 +77,8 @@ def compile_grammar(spec: StructuredOutput, vocab: Any) -> LlamaGrammar:
     # sampler chain crashes: check it here, where a bad grammar is the client's error.
     probe = llama_cpp.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
     if not probe:
-        raise RequestError(f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar")
+        raise RequestError(
+            f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar"
+        )
     llama_cpp.llama_sampler_free(probe)
     return LlamaGrammar.from_string(text, verbose=False)

@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import queue
-import random
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,17 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from tritonforge.engine_config import resolve_paths
-from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.engines.base import (
+    ConfigFile,
+    Engine,
+    EngineOutput,
+    EngineStats,
+    PositionLogprobs,
+    PreparedPrompt,
+    RequestTracker,
+    TokenLogprob,
+    stop_on_thread,
+)
 from tritonforge.engines.gbnf import compile_grammar
 from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams
@@ -64,6 +72,7 @@ ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
 class LlamaCppEngine(Engine):
     metric_prefix = "llamacpp"
+    config_file = ConfigFile("model.json", path_keys=("model_path",))
 
     def __init__(self, llama_kwargs: dict[str, Any]) -> None:
         self._kwargs = llama_kwargs
@@ -73,29 +82,26 @@ class LlamaCppEngine(Engine):
         self._eog: np.ndarray = np.zeros(0, dtype=bool)
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
         self._queued = 0
         self._running = 0
         self._counts = threading.Lock()
 
     @classmethod
-    def config_file(cls) -> str:
-        return "model.json"
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> LlamaCppEngine:
-        values = resolve_paths(dict(config), model_dir, keys=("model_path",))
-        if not values.get("model_path"):
+    def from_settings(cls, settings: dict[str, Any]) -> LlamaCppEngine:
+        if not settings.get("model_path"):
             raise ValueError("model.json: model_path (a GGUF file) is required")
-        if not Path(values["model_path"]).is_file():
-            raise FileNotFoundError(f"model.json: model_path {values['model_path']} is not a file")
+        if not Path(settings["model_path"]).is_file():
+            raise FileNotFoundError(
+                f"model.json: model_path {settings['model_path']} is not a file"
+            )
         # Logits for every position would cost n_ctx x n_vocab floats; logprobs read the
         # last position's logits directly instead.
-        values["logits_all"] = False
-        values.setdefault("verbose", False)
+        settings["logits_all"] = False
+        settings.setdefault("verbose", False)
         # Penalties should see the whole generation, as vLLM's do, not the last 64 tokens.
-        values.setdefault("last_n_tokens_size", values.get("n_ctx", 512))
-        return cls(values)
+        settings.setdefault("last_n_tokens_size", settings.get("n_ctx", 512))
+        return cls(settings)
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -121,11 +127,10 @@ class LlamaCppEngine(Engine):
         self._worker.start()
 
     async def shutdown(self) -> None:
-        for job in list(self._jobs.values()):
+        for job in self._jobs.handles():
             job.cancel.set()
         self._queue.put(None)
-        if self._worker is not None:
-            await asyncio.to_thread(self._worker.join)
+        await stop_on_thread(self._worker, threading.Thread.join)
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
@@ -186,11 +191,10 @@ class LlamaCppEngine(Engine):
             self._grammar(sampling),
             lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
         )
-        self._jobs[request_id] = job
         with self._counts:
             self._queued += 1
         self._queue.put(job)
-        try:
+        with self._jobs.track(request_id, job):
             while True:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
@@ -198,9 +202,6 @@ class LlamaCppEngine(Engine):
                 yield item
                 if item.finished:
                     return
-        finally:
-            self._jobs.pop(request_id, None)
-            self._drop(job)  # the consumer may have left early: stop the work
 
     def _drop(self, job: _Job) -> bool:
         """Abort ``job``; True if it was still queued (it will never run)."""
@@ -255,7 +256,7 @@ class LlamaCppEngine(Engine):
         pointer = llama_cpp.llama_get_logits_ith(self._llama._ctx.ctx, -1)
         return np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
 
-    def _logprobs(self, token: int, top: int) -> tuple[dict[int, dict[str, Any]], float]:
+    def _logprobs(self, token: int, top: int) -> tuple[PositionLogprobs, float]:
         logits = self._logits_row()
         logprobs = logits - logits.max()
         logprobs -= np.log(np.exp(logprobs).sum())
@@ -263,11 +264,11 @@ class LlamaCppEngine(Engine):
         # As vLLM: the sampled token, plus the ``top`` most likely ones.
         ids = [token, *(int(t) for t in np.argsort(-logprobs)[:top] if t != token)]
         entry = {
-            t: {
-                "logprob": float(logprobs[t]),
-                "rank": int((logprobs > logprobs[t]).sum()) + 1,
-                "decoded_token": self._pieces[1][t].decode("utf-8", "replace"),
-            }
+            t: TokenLogprob(
+                logprob=float(logprobs[t]),
+                rank=int((logprobs > logprobs[t]).sum()) + 1,
+                decoded_token=self._pieces[1][t].decode("utf-8", "replace"),
+            )
             for t in ids
         }
         return entry, chosen
@@ -275,8 +276,7 @@ class LlamaCppEngine(Engine):
     def _run(self, job: _Job) -> None:
         params, llama = job.sampling, self._llama
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        llama.set_seed(seed % 0xFFFFFFFF)
+        llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
         pieces = self._pieces[0 if params.skip_special_tokens else 1]
         stream = TextStream(params.stop, params.include_stop_str_in_output)

@@ -10,8 +10,9 @@ request (``RequestOutput.abort()``); unloading shuts the LLM down.
 ``tensorrt_llm`` is imported when the model loads, not when this module is imported:
 it initialises CUDA on import (upstream defers it for the same reason), and where it is
 missing the load must fail with a message that says so rather than a bare traceback.
-The adapter takes the LLM API as a parameter, which is also how the contract test
-(tests/contract) drives it against a stand-in of the documented API.
+The LLM API is a class attribute (:attr:`TensorRTLLMEngine.llm_api`), which is also how
+the contract test (tests/contract) drives the adapter against a stand-in of the
+documented API.
 
 Clients of upstream's model and of genai-perf ``--backend tensorrtllm`` are served by
 the Triton edge's :mod:`tritonforge.dialects.tensorrtllm`; the adapter sees only parsed
@@ -22,19 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import random
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from tritonforge.engine_config import resolve_paths
 from tritonforge.engines.base import (
+    ConfigFile,
     EngineOutput,
     EngineStats,
     HFTokenizedEngine,
+    PositionLogprobs,
     PreparedPrompt,
+    RequestTracker,
+    TokenLogprob,
+    stop_on_thread,
 )
 from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import StopStringMatcher
@@ -139,7 +142,7 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
-        seed=params.seed if params.seed is not None else random.getrandbits(63),
+        seed=params.seed_or_random(),
         stop=list(params.stop) or None,
         stop_token_ids=list(params.stop_token_ids) or None,
         # The adapter cuts stop strings itself (see TensorRTLLMEngine.generate).
@@ -152,39 +155,29 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class _Logprob:
-    """A TensorRT-flow logprob (a bare float) in the PyTorch backend's shape."""
-
-    logprob: float
-    rank: int | None
+def _abort_unfinished(result: Any) -> None:
+    if not result.finished:
+        result.abort()
 
 
 class TensorRTLLMEngine(HFTokenizedEngine):
     metric_prefix = "trtllm"
+    config_file = ConfigFile("model.yaml", path_keys=("model", "tokenizer"))
+
+    #: The LLM API; None imports TensorRT-LLM's when the model loads.
+    llm_api: ClassVar[LlmApi | None] = None
 
     def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_poll_s: float) -> None:
         self._kwargs = llm_kwargs
         self._api = api
         self.cancellation_poll_s = cancellation_poll_s
         self._llm: Any = None
-        self._tokenizer: Any = None
-        self._max_context = 0
-        self._vocab_size = 0
-        self._requests: dict[str, Any] = {}
+        self._requests: RequestTracker[Any] = RequestTracker(release=_abort_unfinished)
 
     @classmethod
-    def config_file(cls) -> str:
-        return "model.yaml"
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], model_dir: Path, api: LlmApi | None = None
-    ) -> TensorRTLLMEngine:
-        llm_kwargs, cancellation_poll_s = split_model_yaml(config)
-        api = api or load_llm_api()
-        llm_kwargs = resolve_paths(llm_kwargs, model_dir, keys=("model", "tokenizer"))
-        return cls(llm_kwargs, api, cancellation_poll_s)
+    def from_settings(cls, settings: dict[str, Any]) -> TensorRTLLMEngine:
+        llm_kwargs, cancellation_poll_s = split_model_yaml(settings)
+        return cls(llm_kwargs, cls.llm_api or load_llm_api(), cancellation_poll_s)
 
     async def start(self) -> None:
         # generate_async binds results to the running loop, so the LLM is built off-loop
@@ -202,28 +195,29 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         self._vocab_size = len(getattr(self._tokenizer, "tokenizer", self._tokenizer))
 
     async def shutdown(self) -> None:
-        for result in list(self._requests.values()):
-            result.abort()
-        if self._llm is not None:
-            llm, self._llm = self._llm, None
-            await asyncio.to_thread(llm.shutdown)
+        for result in self._requests.handles():
+            _abort_unfinished(result)
+        llm, self._llm = self._llm, None
+        await stop_on_thread(llm, lambda llm: llm.shutdown())
 
-    def _logprobs(self, completion: Any) -> list[dict[int, dict[str, Any]]] | None:
+    def _logprobs(self, completion: Any) -> list[PositionLogprobs] | None:
         entries = completion.logprobs_diff
         if not entries:
             return None
         result = []
-        for position, entry in zip(completion.token_ids_diff, entries, strict=False):
-            if not isinstance(entry, Mapping):  # TensorRT flow: one float per token
-                entry = {position: _Logprob(float(entry), None)}
+        for sampled, entry in zip(completion.token_ids_diff, entries, strict=False):
+            # PyTorch flow: {token: Logprob(logprob, rank)}; TensorRT flow: one bare float.
+            candidates = (
+                {t: (lp.logprob, lp.rank) for t, lp in entry.items()}
+                if isinstance(entry, Mapping)
+                else {sampled: (float(entry), None)}
+            )
             result.append(
                 {
-                    token: {
-                        "logprob": lp.logprob,
-                        "rank": lp.rank,
-                        "decoded_token": self._tokenizer.decode([token]),
-                    }
-                    for token, lp in entry.items()
+                    token: TokenLogprob(
+                        logprob=logprob, rank=rank, decoded_token=self._tokenizer.decode([token])
+                    )
+                    for token, (logprob, rank) in candidates.items()
                 }
             )
         return result
@@ -237,14 +231,13 @@ class TensorRTLLMEngine(HFTokenizedEngine):
             sampling_params=to_trtllm_sampling(self._api, sampling),
             streaming=True,
         )
-        self._requests[request_id] = result
         # TensorRT-LLM streams text up to a stop string and trims it only at the end, so
         # a streamed answer could show text the final one lacks; and it matches stop
         # strings on token ids, missing one tokenised differently. The core's matcher
         # on the text holds back possible stop prefixes and cuts exactly, as for the
         # other engines; the engine is asked to keep stop strings so text only grows.
         stops = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
-        try:
+        with self._requests.track(request_id, result):
             async for output in result:
                 completion = output.outputs[0]
                 text, hit = stops.feed(completion.text_diff)
@@ -264,15 +257,11 @@ class TensorRTLLMEngine(HFTokenizedEngine):
                 )
                 if finished:
                     return
-        finally:
-            self._requests.pop(request_id, None)
-            if not result.finished:  # the consumer left early: free the engine's slot
-                result.abort()
 
     async def abort(self, request_id: str) -> None:
         result = self._requests.get(request_id)
-        if result is not None and not result.finished:
-            result.abort()
+        if result is not None:
+            _abort_unfinished(result)
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._requests))
