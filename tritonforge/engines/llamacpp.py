@@ -25,8 +25,9 @@ import asyncio
 import ctypes
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,57 @@ from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import TextStream
 
+# --- the model's vocabulary, read once ------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    """Every token's bytes and end-of-generation flag, read when the model loads.
+
+    llama.cpp answers these through one ctypes call per token; tables read once keep
+    the per-token path of a request to list and array lookups.
+    """
+
+    plain: list[bytes]  # special tokens render as nothing (skip_special_tokens)
+    with_special: list[bytes]  # special tokens render as their text
+    ends_generation: np.ndarray  # bool per token id: EOS, EOT and the like
+
+    @classmethod
+    def read(cls, llama: Any) -> _Vocabulary:
+        vocab, tokens = llama._model.vocab, range(llama.n_vocab())
+        return cls(
+            plain=[_piece(vocab, t, special=False) for t in tokens],
+            with_special=[_piece(vocab, t, special=True) for t in tokens],
+            ends_generation=np.array(
+                [llama_cpp.llama_token_is_eog(vocab, t) for t in tokens], dtype=bool
+            ),
+        )
+
+    def pieces(self, skip_special_tokens: bool) -> list[bytes]:
+        return self.plain if skip_special_tokens else self.with_special
+
+    def text(self, token: int) -> str:
+        """A token's text as clients see it in logprobs and chat templates."""
+        return self.with_special[token].decode("utf-8", "replace")
+
+
+def _piece(vocab: Any, token: int, special: bool) -> bytes:
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+        if n >= 0:
+            return buffer.raw[:n]
+        size = -n
+
+
 # --- one request in the worker's queue -------------------------------------------
+
+
+class _JobState(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"  # the worker took it
+    DROPPED = "dropped"  # aborted before the worker took it: it never runs
 
 
 @dataclass
@@ -62,12 +113,56 @@ class _Job:
     grammar: LlamaGrammar | None
     deliver: Callable[[EngineOutput | BaseException], None]
     cancel: threading.Event = field(default_factory=threading.Event)
-    # queued -> running (worker) or queued -> dropped (abort); decided under the lock.
-    state: str = "queued"
+    state: _JobState = _JobState.QUEUED
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def leave_queue(self, state: _JobState) -> bool:
+        """Move a queued job to ``state``; False if it already left the queue.
+
+        The worker (taking the job) and an abort (dropping it) race for a queued job;
+        the lock makes exactly one of them win.
+        """
+        with self.lock:
+            if self.state is not _JobState.QUEUED:
+                return False
+            self.state = state
+            return True
 
 
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
+
+
+@dataclass
+class _Decoding:
+    """One running request's text and progress (the worker thread's only)."""
+
+    params: SamplingParams
+    pieces: list[bytes]
+    ends_generation: np.ndarray
+    stream: TextStream
+    limit: int  # tokens it may still generate: max_tokens, capped by the context
+    generated: int = 0
+    cumulative_logprob: float | None = None
+
+    def advance(self, token: int) -> tuple[str, str | None]:
+        """Count ``token``; the text it adds and, if it ends the request, why."""
+        self.generated += 1
+        params, piece = self.params, self.pieces[token]
+        is_stop_token = token in params.stop_token_ids
+        if self.ends_generation[token] or is_stop_token:
+            # An end token adds no text (as in vLLM) unless it is a stop token the
+            # client asked to see.
+            text = ""
+            if is_stop_token and params.include_stop_str_in_output:
+                text = self.stream.add(piece).text
+            return text + self.stream.finish().text, "stop"
+        delta = self.stream.add(piece)
+        if delta.stop is not None:
+            return delta.text, "stop"
+        if self.generated >= self.limit:
+            end = self.stream.finish()
+            return delta.text + end.text, "stop" if end.stop is not None else "length"
+        return delta.text, None
 
 
 class LlamaCppEngine(Engine):
@@ -78,8 +173,7 @@ class LlamaCppEngine(Engine):
         self._kwargs = llama_kwargs
         self._llama: Any = None
         self._formatter: Jinja2ChatFormatter | None = None
-        self._pieces: tuple[list[bytes], list[bytes]] = ([], [])  # (plain, with specials)
-        self._eog: np.ndarray = np.zeros(0, dtype=bool)
+        self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
@@ -108,14 +202,7 @@ class LlamaCppEngine(Engine):
     async def start(self) -> None:
         self._llama = await asyncio.to_thread(lambda: llama_cpp.Llama(**self._kwargs))
         llama = self._llama
-        vocab = llama._model.vocab
-        self._pieces = (
-            [self._piece(vocab, t, special=False) for t in range(llama.n_vocab())],
-            [self._piece(vocab, t, special=True) for t in range(llama.n_vocab())],
-        )
-        self._eog = np.array(
-            [llama_cpp.llama_token_is_eog(vocab, t) for t in range(llama.n_vocab())], dtype=bool
-        )
+        self._vocab = _Vocabulary.read(llama)
         template = llama.metadata.get("tokenizer.chat_template")
         if template:
             self._formatter = Jinja2ChatFormatter(
@@ -137,17 +224,7 @@ class LlamaCppEngine(Engine):
 
     def _special_text(self, token: int) -> str:
         """A special token's text for the chat template ("" where the model has none)."""
-        return self._pieces[1][token].decode("utf-8", "replace") if token >= 0 else ""
-
-    @staticmethod
-    def _piece(vocab: Any, token: int, special: bool) -> bytes:
-        size = 64
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
-            if n >= 0:
-                return buffer.raw[:n]
-            size = -n
+        return self._vocab.text(token) if token >= 0 else ""
 
     # --- the model -----------------------------------------------------------------
 
@@ -206,10 +283,8 @@ class LlamaCppEngine(Engine):
     def _drop(self, job: _Job) -> bool:
         """Abort ``job``; True if it was still queued (it will never run)."""
         job.cancel.set()
-        with job.lock:
-            if job.state != "queued":
-                return False
-            job.state = "dropped"
+        if not job.leave_queue(_JobState.DROPPED):
+            return False
         with self._counts:
             self._queued -= 1
         return True
@@ -228,10 +303,8 @@ class LlamaCppEngine(Engine):
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
-            with job.lock:
-                if job.state != "queued":
-                    continue
-                job.state = "running"
+            if not job.leave_queue(_JobState.RUNNING):
+                continue  # aborted while queued
             with self._counts:
                 self._queued -= 1
                 self._running = 1
@@ -267,32 +340,53 @@ class LlamaCppEngine(Engine):
             t: TokenLogprob(
                 logprob=float(logprobs[t]),
                 rank=int((logprobs > logprobs[t]).sum()) + 1,
-                decoded_token=self._pieces[1][t].decode("utf-8", "replace"),
+                decoded_token=self._vocab.text(t),
             )
             for t in ids
         }
         return entry, chosen
 
     def _run(self, job: _Job) -> None:
+        """Generate ``job`` to its end, delivering one delta per token."""
+        decoding = self._begin(job)
+        tokens = self._sample(job, decoding)
+        try:
+            for token in tokens:
+                if job.cancel.is_set():
+                    job.deliver(ABORTED)
+                    return
+                output = self._step(decoding, int(token))
+                job.deliver(output)
+                if output.finished:
+                    return
+        finally:
+            tokens.close()
+
+    def _begin(self, job: _Job) -> _Decoding:
         params, llama = job.sampling, self._llama
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
         llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
-        pieces = self._pieces[0 if params.skip_special_tokens else 1]
-        stream = TextStream(params.stop, params.include_stop_str_in_output)
-        limit = min(params.max_tokens, llama.n_ctx() - len(job.prompt))
-        stop_ids = set(params.stop_token_ids)
-        eog = self._eog
-        generated = 0
+        return _Decoding(
+            params=params,
+            pieces=self._vocab.pieces(params.skip_special_tokens),
+            ends_generation=self._vocab.ends_generation,
+            stream=TextStream(params.stop, params.include_stop_str_in_output),
+            limit=min(params.max_tokens, llama.n_ctx() - len(job.prompt)),
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+
+    def _sample(self, job: _Job, decoding: _Decoding) -> Generator[int, Any, None]:
+        """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""
+        params, ends = job.sampling, decoding.ends_generation
 
         def forbid_end(_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-            if params.ignore_eos or generated < params.min_tokens:
-                logits[eog] = -np.inf
+            if params.ignore_eos or decoding.generated < params.min_tokens:
+                logits[ends] = -np.inf
             return logits
 
         needs_processor = params.ignore_eos or params.min_tokens > 0
-        cumulative = 0.0 if params.logprobs is not None else None
-        tokens = llama.generate(
+        return self._llama.generate(
             job.prompt,
             top_k=max(params.top_k, 0),
             top_p=params.top_p,
@@ -305,46 +399,20 @@ class LlamaCppEngine(Engine):
             logits_processor=[forbid_end] if needs_processor else None,
             grammar=job.grammar,
         )
-        try:
-            for token in tokens:
-                if job.cancel.is_set():
-                    job.deliver(ABORTED)
-                    return
-                generated += 1
-                logprobs = None
-                if params.logprobs is not None:
-                    entry, chosen = self._logprobs(token, params.logprobs)
-                    logprobs = [entry]
-                    cumulative += chosen
-                reason: str | None = None
-                if eog[token] or token in stop_ids:
-                    # An end token adds no text (as in vLLM) unless it is a stop token
-                    # the client asked to see.
-                    text = ""
-                    if token in stop_ids and params.include_stop_str_in_output:
-                        text = stream.add(pieces[token]).text
-                    text += stream.finish().text
-                    reason = "stop"
-                else:
-                    delta = stream.add(pieces[token])
-                    text = delta.text
-                    if delta.stop is not None:
-                        reason = "stop"
-                    elif generated >= limit:
-                        end = stream.finish()
-                        text += end.text
-                        reason = "stop" if end.stop is not None else "length"
-                job.deliver(
-                    EngineOutput(
-                        text=text,
-                        token_ids=[int(token)],
-                        logprobs=logprobs,
-                        cumulative_logprob=cumulative,
-                        finished=reason is not None,
-                        finish_reason=reason,
-                    )
-                )
-                if reason is not None:
-                    return
-        finally:
-            tokens.close()
+
+    def _step(self, decoding: _Decoding, token: int) -> EngineOutput:
+        """The delta for one sampled token (logprobs read before the next evaluation)."""
+        logprobs = None
+        if decoding.params.logprobs is not None:
+            entry, chosen = self._logprobs(token, decoding.params.logprobs)
+            logprobs = [entry]
+            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
+        text, reason = decoding.advance(token)
+        return EngineOutput(
+            text=text,
+            token_ids=[token],
+            logprobs=logprobs,
+            cumulative_logprob=decoding.cumulative_logprob,
+            finished=reason is not None,
+            finish_reason=reason,
+        )
