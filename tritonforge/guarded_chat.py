@@ -126,14 +126,14 @@ class GuardedChat:
         request_id: str,
         board: CancelBoard,
         inner_name: str = "vllm_model",
-        poll_interval_s: float = 0.1,
+        cancellation_poll_s: float = 0.1,
     ) -> None:
         self.inner_name = inner_name
         self.request = request
         self.inputs = inner_inputs
         self.request_id = request_id
         self.board = board
-        self.poll_interval_s = poll_interval_s
+        self.cancellation_poll_s = cancellation_poll_s
 
     def run(self, inner: InnerCall, outbox: Outbox) -> str:
         """Relay the inner stream, guarded; returns the outcome for logs and metrics."""
@@ -147,7 +147,7 @@ class GuardedChat:
         try:
             for event in inner(self.inputs.tensors, self.request_id):
                 now = time.monotonic()
-                if not cancelled and now - last_poll >= self.poll_interval_s:
+                if not cancelled and now - last_poll >= self.cancellation_poll_s:
                     last_poll = now
                     if outbox.is_cancelled():
                         cancelled = True

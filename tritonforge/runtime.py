@@ -83,14 +83,14 @@ class Runtime:
         metrics: MetricsSink,
         logger: Logger,
         max_inflight: int = 256,
-        poll_interval_s: float = 0.1,
+        cancellation_poll_s: float = 0.1,
         drain_timeout_s: float = 5.0,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.logger = logger
         self.max_inflight = max_inflight
-        self.poll_interval_s = poll_interval_s
+        self.cancellation_poll_s = cancellation_poll_s
         self.drain_timeout_s = drain_timeout_s
         self._inflight: dict[str, _Inflight] = {}
         self._lock = threading.Lock()
@@ -147,10 +147,6 @@ class Runtime:
         await self.engine.shutdown()
 
     # --- request path ----------------------------------------------------------
-
-    @property
-    def inflight(self) -> int:
-        return len(self._inflight)
 
     def submit(self, request: GenerateRequest, channel: Channel) -> None:
         """Hand a parsed request to the engine loop (called on Triton's thread).
@@ -269,7 +265,7 @@ class Runtime:
     async def _watch(self) -> None:
         """Every poll interval: check for cancelled clients and refresh the gauges."""
         while True:
-            await asyncio.sleep(self.poll_interval_s)
+            await asyncio.sleep(self.cancellation_poll_s)
             self._post(self._poll_cancellations)
             stats = self.engine.stats()
             if not self._inflight:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,9 +55,14 @@ class SamplingParams:
     structured_outputs: StructuredOutput | None = None
     n: int = 1
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    def seed_or_random(self) -> int:
+        """The client's seed, else a fresh one for this request.
+
+        Unseeded requests differ from each other in vLLM; engines that would fall back
+        to a fixed or a reused seed (TensorRT-LLM's 0, llama.cpp's context seed) use
+        this so that they vary the same way.
+        """
+        return self.seed if self.seed is not None else random.getrandbits(63)
 
 
 # --- value coercion: each returns the typed value or raises RequestError ---------

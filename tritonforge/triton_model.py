@@ -3,7 +3,9 @@
 This is the only module that touches ``triton_python_backend_utils``. It turns Triton
 requests into input arrays for :func:`parse_request`, hands parsed requests to the
 :class:`Runtime`, and turns the runtime's outputs and errors into Triton responses.
-A backend's ``model.py`` is two lines: ``make_model(SomeEngine)``.
+Clients speaking another request dialect (:mod:`tritonforge.dialects`) have their
+tensors mapped onto the common schema here, before parsing. A backend's ``model.py``
+is two lines: ``make_model(SomeEngine)`` (plus its dialect, if it has one).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.cancellation import CancelBoard
+from tritonforge.dialects import COMMON, Dialect
 from tritonforge.engine_config import load_engine_config
 from tritonforge.engines.base import Engine
 from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
@@ -141,13 +144,15 @@ class LLMModel:
     """Base of every LLM ``TritonPythonModel``; subclasses set ``engine_class``."""
 
     engine_class: type[Engine]
+    #: The request dialect clients may speak besides the common schema.
+    dialect: Dialect = COMMON
 
     @classmethod
     def auto_complete_config(cls, config: Any) -> Any:
         present = config.as_dict()
         have_inputs = {i["name"] for i in present.get("input", [])}
         have_outputs = {o["name"] for o in present.get("output", [])}
-        for spec in [*INPUTS, *cls.engine_class.extra_inputs]:
+        for spec in [*INPUTS, *cls.dialect.inputs]:
             if spec["name"] not in have_inputs:
                 config.add_input(spec)
         for spec in OUTPUTS:
@@ -170,7 +175,7 @@ class LLMModel:
             for key, value in model_config.get("parameters", {}).items()
         }
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        engine_config = load_engine_config(version_dir, self.engine_class.config_file())
+        engine_config = load_engine_config(version_dir, self.engine_class.config_file.name)
         engine = self.engine_class.from_config(engine_config, version_dir)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
@@ -179,7 +184,7 @@ class LLMModel:
             self.metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
-            poll_interval_s=engine.cancellation_check_s,
+            cancellation_poll_s=engine.cancellation_poll_s,
         )
         self.runtime.start()
 
@@ -188,7 +193,7 @@ class LLMModel:
             channel = TritonChannel(request.get_response_sender(), request.request_id())
             try:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-                inputs, dialect_sampling = self.engine_class.translate_inputs(raw)
+                inputs, dialect_sampling = self.dialect.translate(raw)
                 parsed = parse_request(inputs, _request_parameters(request), dialect_sampling)
                 self.runtime.submit(parsed, channel)
             except (RequestError, EngineBusy, EngineUnavailable) as exc:
@@ -203,6 +208,7 @@ class LLMModel:
         self.metrics.close()
 
 
-def make_model(engine_class: type[Engine]) -> type[LLMModel]:
-    """The ``TritonPythonModel`` class for one engine."""
-    return type("TritonPythonModel", (LLMModel,), {"engine_class": engine_class})
+def make_model(engine_class: type[Engine], dialect: Dialect = COMMON) -> type[LLMModel]:
+    """The ``TritonPythonModel`` class for one engine and the request dialect it accepts."""
+    attributes = {"engine_class": engine_class, "dialect": dialect}
+    return type("TritonPythonModel", (LLMModel,), attributes)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.contract import trtllm_standin as trt
+from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics
 from tritonforge.engines.base import EngineOutput
 from tritonforge.engines.tensorrtllm import LlmApi, TensorRTLLMEngine, split_model_yaml
 from tritonforge.errors import RequestError
@@ -29,7 +29,13 @@ from tritonforge.schema import parse_request
 
 pytestmark = pytest.mark.contract
 
-API = LlmApi(trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams)
+
+class StandInEngine(TensorRTLLMEngine):
+    """The adapter bound to the stand-in instead of TensorRT-LLM's LLM API."""
+
+    llm_api = LlmApi(trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams)
+
+
 MODEL_YAML = {
     "model": "$TRITONFORGE_TEST_MODEL/llm",
     "backend": "pytorch",
@@ -42,7 +48,7 @@ MODEL_YAML = {
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> TensorRTLLMEngine:
     monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
-    engine = TensorRTLLMEngine.from_config(MODEL_YAML, Path("/repo/m/1"), api=API)
+    engine = StandInEngine.from_config(MODEL_YAML, Path("/repo/m/1"))
     asyncio.run(engine.start())
     return engine
 
@@ -81,7 +87,7 @@ def test_model_yaml_keys_go_to_the_llm_and_triton_config_stays_out(engine) -> No
         "guided_decoding_backend": "xgrammar",
     }
     assert engine.max_context == 256
-    assert engine.cancellation_check_s == 0.05
+    assert engine.cancellation_poll_s == 0.05
 
 
 @pytest.mark.parametrize(
@@ -250,72 +256,34 @@ def test_prompt_longer_than_max_seq_len_is_a_request_error(engine) -> None:
 # --- the whole core path: Runtime + adapter + stand-in -------------------------------
 
 
-class Channel:
-    def __init__(self, cancel_after: int | None = None) -> None:
-        self.sent: list[tuple[Any, Any, bool]] = []
-        self.cancel_after = cancel_after
-
-    def send(self, tensors, error, final) -> None:
-        self.sent.append((tensors, error, final))
-
-    def is_cancelled(self) -> bool:
-        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.records = []
-
-    def record(self, record) -> None:
-        self.records.append(record)
-
-    def set_stats(self, stats) -> None:
-        pass
-
-
-class Logger:
-    def log_info(self, msg: str) -> None:
-        pass
-
-    def log_error(self, msg: str) -> None:
-        raise AssertionError(msg)
-
-
-def served(sink: Sink, count: int) -> None:
-    """Wait (bounded) until ``count`` requests have finished in the runtime."""
-    deadline = time.monotonic() + 30
-    while len(sink.records) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(sink.records) == count
-
-
 def test_runtime_streams_and_cancels_through_the_adapter(monkeypatch) -> None:
     monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
-    engine = TensorRTLLMEngine.from_config(MODEL_YAML, Path("/repo/m/1"), api=API)
-    sink = Sink()
-    runtime = Runtime(engine, sink, Logger(), max_inflight=4, poll_interval_s=0.01)
+    engine = StandInEngine.from_config(MODEL_YAML, Path("/repo/m/1"))
+    metrics, logger = RecordingMetrics(), RecordingLogger()
+    runtime = Runtime(engine, metrics, logger, max_inflight=4, cancellation_poll_s=0.01)
     runtime.start()
     try:
         sampling = np.array([b'{"max_tokens": 64, "temperature": 0}'], dtype=np.object_)
         prompt = np.array([b"Say hello"], dtype=np.object_)
-        whole, streamed = Channel(), Channel()
+        whole, streamed = RecordingChannel(), RecordingChannel()
         common = {"text_input": prompt, "sampling_parameters": sampling}
         exclude = {"exclude_input_in_output": np.array([True])}
         runtime.submit(parse_request({**common, **exclude}), whole)
         runtime.submit(parse_request({**common, "stream": np.array([True])}), streamed)
-        served(sink, 2)
-        text = b"".join(t["text_output"][0] for t, _, _ in streamed.sent if t).decode()
+        metrics.wait_for(2)
+        text = b"".join(t["text_output"][0] for t in streamed.responses()).decode()
         assert whole.sent[-1][0]["text_output"][0].decode() == text == trt.SCRIPT
         assert len(streamed.sent) > 1 and streamed.sent[-1][2]
 
-        cancelled = Channel(cancel_after=3)
+        cancelled = RecordingChannel(cancel_after=3)
         long = np.array([b'{"max_tokens": 1500, "ignore_eos": true}'], dtype=np.object_)
         stream = {"text_input": prompt, "sampling_parameters": long, "stream": np.array([True])}
         runtime.submit(parse_request(stream), cancelled)
-        served(sink, 3)
-        assert sink.records[-1].outcome == "cancelled"
+        metrics.wait_for(3)
+        assert metrics.records[-1].outcome == "cancelled"
         assert engine._llm.aborted  # the engine was told, not just the client
         assert isinstance(cancelled.sent[-1][1], asyncio.CancelledError)
     finally:
         runtime.stop()
     assert engine._llm is None
+    assert logger.errors == []

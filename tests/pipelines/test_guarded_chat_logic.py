@@ -49,7 +49,7 @@ def _chat(prompt: str, board: CancelBoard, stream: bool = True) -> GuardedChat:
         "stream": np.array([stream]),
     }
     request = parse_request(inputs)
-    return GuardedChat(request, guard_inputs(request, {}), "rid-1", board, poll_interval_s=0)
+    return GuardedChat(request, guard_inputs(request, {}), "rid-1", board, cancellation_poll_s=0)
 
 
 @pytest.fixture

@@ -7,14 +7,10 @@ Runs the real Runtime on a scripted engine; no server.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
-from tritonforge.engines.base import Engine, EngineOutput, PreparedPrompt
+from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics, ScriptedEngine
+from tritonforge.engines.base import EngineOutput
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
 
@@ -27,74 +23,16 @@ SCRIPT = [
 ]
 
 
-class ScriptedEngine(Engine):
-    @classmethod
-    def config_file(cls) -> str:
-        return "none"
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> ScriptedEngine:
-        return cls()
-
-    async def start(self) -> None: ...
-
-    async def shutdown(self) -> None: ...
-
-    @property
-    def max_context(self) -> int:
-        return 100
-
-    @property
-    def vocab_size(self) -> int:
-        return 100
-
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return [1] * len(text)
-
-    def render_chat(self, messages) -> str:
-        return ""
-
-    async def generate(self, request_id, prompt: PreparedPrompt, sampling) -> AsyncIterator:
-        for delta in SCRIPT:
-            yield delta
-
-    async def abort(self, request_id: str) -> None: ...
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.responses: list[dict] = []
-        self.done = threading.Event()
-
-    def send(self, tensors, error, final) -> None:
-        assert error is None, error
-        if tensors is not None:
-            self.responses.append(tensors)
-        if final:
-            self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-
-class Quiet:
-    def record(self, record) -> None: ...
-
-    def set_stats(self, stats) -> None: ...
-
-    def log_info(self, msg: str) -> None: ...
-
-    def log_error(self, msg: str) -> None: ...
-
-
 def _run(inputs: dict[str, np.ndarray]) -> list[dict]:
-    runtime = Runtime(ScriptedEngine(), Quiet(), Quiet())
+    logger = RecordingLogger()
+    runtime = Runtime(ScriptedEngine(SCRIPT), RecordingMetrics(), logger)
     runtime.start()
     try:
-        channel = Collect()
+        channel = RecordingChannel()
         runtime.submit(parse_request(inputs), channel)
         assert channel.done.wait(10)
-        return channel.responses
+        assert channel.errors() == [] and logger.errors == []
+        return channel.responses()
     finally:
         runtime.stop()
 

@@ -10,16 +10,19 @@ the core's, so every engine answers the same request the same way.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
 
-import numpy as np
-
+from tritonforge.engine_config import resolve_paths
 from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams
 from tritonforge.schema import GenerateRequest
+
+Handle = TypeVar("Handle")
 
 
 @dataclass(frozen=True)
@@ -30,13 +33,26 @@ class PreparedPrompt:
     text: str | None = None
 
 
+class TokenLogprob(TypedDict):
+    """One candidate token at one output position, as clients receive it (vLLM's shape)."""
+
+    logprob: float
+    rank: int | None  # 1 is the most likely token; None where the engine does not say
+    decoded_token: str | None
+
+
+#: The candidates at one output position by token id: the sampled token and, when
+#: asked for, the most likely others.
+PositionLogprobs = dict[int, TokenLogprob]
+
+
 @dataclass
 class EngineOutput:
     """What one engine step added to a request (a delta, never cumulative)."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, dict[str, Any]]] | None = None
+    logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
     finished: bool = False
     finish_reason: str | None = None
@@ -51,42 +67,40 @@ class EngineStats:
     kv_cache_usage: float | None = None
 
 
+@dataclass(frozen=True)
+class ConfigFile:
+    """Where an engine's settings live in a model's version directory."""
+
+    name: str  # model.json, model.yaml
+    #: Keys whose values are paths: ``$VAR`` expanded, relative to the version directory.
+    path_keys: tuple[str, ...] = ()
+
+
 class Engine(abc.ABC):
     """One loaded model on one engine. All coroutines run on the runtime's loop."""
 
     #: Prefix of this engine's Prometheus metric names (``vllm:prompt_tokens_total``).
     metric_prefix: str = "llm"
 
-    #: Input tensors this engine accepts beyond the common schema (Triton config specs,
-    #: added by auto-complete), so clients of the engine's upstream Triton model work
-    #: unchanged. :meth:`translate_inputs` maps them onto the common schema.
-    extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = ()
+    #: The engine's configuration file.
+    config_file: ClassVar[ConfigFile]
 
     #: How often the runtime checks for cancelled clients (seconds).
-    cancellation_check_s: float = 0.1
+    cancellation_poll_s: float = 0.1
 
     @classmethod
-    def translate_inputs(
-        cls, inputs: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Map an engine's own input dialect onto the common schema.
+    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Self:
+        """Build (not start) the engine from its configuration file's contents.
 
-        Returns the common-schema inputs and typed sampling values read from dialect
-        tensors (validated with :func:`~tritonforge.sampling.parse_sampling_value`, so
-        errors name the tensor the client sent). The default accepts only the common
-        schema; it runs on Triton's thread and must not touch the engine.
+        Paths resolve here, the same way for every engine, so a model repository is
+        portable between a clone and a container whatever the engine.
         """
-        return dict(inputs), {}
+        return cls.from_settings(resolve_paths(dict(config), model_dir, cls.config_file.path_keys))
 
     @classmethod
     @abc.abstractmethod
-    def config_file(cls) -> str:
-        """Name of the engine configuration file in the model's version directory."""
-
-    @classmethod
-    @abc.abstractmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Engine:
-        """Build (not start) the engine from its configuration file's contents."""
+    def from_settings(cls, settings: dict[str, Any]) -> Self:
+        """Build the engine from its settings (paths resolved; the dict is the caller's copy)."""
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -191,3 +205,45 @@ class HFTokenizedEngine(Engine):
         return self._tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True
         )
+
+
+async def stop_on_thread(handle: Handle | None, stop: Callable[[Handle], object]) -> None:
+    """Run an engine's blocking stop call on a worker thread (nothing if never started).
+
+    Stopping an engine joins its processes or threads; on the runtime's loop that would
+    stall every coroutine still winding down.
+    """
+    if handle is not None:
+        await asyncio.to_thread(stop, handle)
+
+
+class RequestTracker(Generic[Handle]):
+    """The engine's handle of every request being generated, by request id.
+
+    :meth:`track` registers a request for as long as its generator runs and releases it
+    however the generator ends (finished, failed, or its consumer gone), so a request
+    nobody reads any more never keeps holding the engine.
+    """
+
+    def __init__(self, release: Callable[[Handle], object]) -> None:
+        self._release = release
+        self._handles: dict[str, Handle] = {}
+
+    @contextlib.contextmanager
+    def track(self, request_id: str, handle: Handle) -> Iterator[Handle]:
+        self._handles[request_id] = handle
+        try:
+            yield handle
+        finally:
+            self._handles.pop(request_id, None)
+            self._release(handle)
+
+    def get(self, request_id: str) -> Handle | None:
+        return self._handles.get(request_id)
+
+    def handles(self) -> list[Handle]:
+        """A snapshot: requests may end while the caller goes through it."""
+        return list(self._handles.values())
+
+    def __len__(self) -> int:
+        return len(self._handles)

@@ -24,81 +24,85 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import queue
-import random
-import re
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, SchemaConverter
+from llama_cpp.llama_grammar import LlamaGrammar
 
-from tritonforge.engine_config import resolve_paths
-from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.engines.base import (
+    ConfigFile,
+    Engine,
+    EngineOutput,
+    EngineStats,
+    PositionLogprobs,
+    PreparedPrompt,
+    RequestTracker,
+    TokenLogprob,
+    stop_on_thread,
+)
+from tritonforge.engines.gbnf import compile_grammar
 from tritonforge.errors import RequestError
-from tritonforge.sampling import SamplingParams, StructuredOutput
+from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import TextStream
 
-STRUCTURED_FIELD = "sampling_parameters.structured_outputs"
+# --- the model's vocabulary, read once ------------------------------------------
 
 
-# --- structured outputs: every kind becomes a GBNF grammar -----------------------
+@dataclass(frozen=True)
+class _Vocabulary:
+    """Every token's bytes and end-of-generation flag, read when the model loads.
 
-
-def _gbnf_literal(text: str) -> str:
-    escaped = (
-        text.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-    )
-    return f'"{escaped}"'
-
-
-def _regex_gbnf(pattern: str) -> str:
-    """A regular expression (matched whole, as in vLLM) as a GBNF grammar."""
-    pattern = pattern.removeprefix("^")
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1]
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=True)
-    converter.visit({"type": "string", "pattern": f"^{pattern}$"}, "")
-    return converter.format_grammar()
-
-
-def structured_gbnf(spec: StructuredOutput) -> str:
-    """GBNF text for a structured-output constraint; RequestError names what failed.
-
-    ``json`` (a JSON schema) and ``regex`` go through llama.cpp's own schema/regex to
-    grammar converter; ``grammar`` is taken as GBNF, llama.cpp's grammar language
-    (vLLM's ``grammar`` is EBNF/Lark: the same key, another language).
+    llama.cpp answers these through one ctypes call per token; tables read once keep
+    the per-token path of a request to list and array lookups.
     """
-    where = f"{STRUCTURED_FIELD}.{spec.kind}"
-    try:
-        if spec.kind == "json":
-            converter = SchemaConverter(
-                prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
-            )
-            schema = converter.resolve_refs(spec.value, "request")
-            converter.visit(schema, "")
-            return converter.format_grammar()
-        if spec.kind == "json_object":
-            return JSON_GBNF
-        if spec.kind == "regex":
-            re.compile(spec.value)  # the converter accepts some malformed patterns
-            return _regex_gbnf(spec.value)
-        if spec.kind == "choice":
-            return "root ::= " + " | ".join(_gbnf_literal(c) for c in spec.value)
-        return spec.value  # grammar: GBNF as given
-    except Exception as exc:  # the converters raise assorted errors on input they reject
-        raise RequestError(where, f"llama.cpp cannot turn this into a grammar: {exc}") from None
+
+    plain: list[bytes]  # special tokens render as nothing (skip_special_tokens)
+    with_special: list[bytes]  # special tokens render as their text
+    ends_generation: np.ndarray  # bool per token id: EOS, EOT and the like
+
+    @classmethod
+    def read(cls, llama: Any) -> _Vocabulary:
+        vocab, tokens = llama._model.vocab, range(llama.n_vocab())
+        return cls(
+            plain=[_piece(vocab, t, special=False) for t in tokens],
+            with_special=[_piece(vocab, t, special=True) for t in tokens],
+            ends_generation=np.array(
+                [llama_cpp.llama_token_is_eog(vocab, t) for t in tokens], dtype=bool
+            ),
+        )
+
+    def pieces(self, skip_special_tokens: bool) -> list[bytes]:
+        return self.plain if skip_special_tokens else self.with_special
+
+    def text(self, token: int) -> str:
+        """A token's text as clients see it in logprobs and chat templates."""
+        return self.with_special[token].decode("utf-8", "replace")
+
+
+def _piece(vocab: Any, token: int, special: bool) -> bytes:
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+        if n >= 0:
+            return buffer.raw[:n]
+        size = -n
 
 
 # --- one request in the worker's queue -------------------------------------------
+
+
+class _JobState(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"  # the worker took it
+    DROPPED = "dropped"  # aborted before the worker took it: it never runs
 
 
 @dataclass
@@ -109,62 +113,96 @@ class _Job:
     grammar: LlamaGrammar | None
     deliver: Callable[[EngineOutput | BaseException], None]
     cancel: threading.Event = field(default_factory=threading.Event)
-    # queued -> running (worker) or queued -> dropped (abort); decided under the lock.
-    state: str = "queued"
+    state: _JobState = _JobState.QUEUED
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def leave_queue(self, state: _JobState) -> bool:
+        """Move a queued job to ``state``; False if it already left the queue.
+
+        The worker (taking the job) and an abort (dropping it) race for a queued job;
+        the lock makes exactly one of them win.
+        """
+        with self.lock:
+            if self.state is not _JobState.QUEUED:
+                return False
+            self.state = state
+            return True
 
 
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
 
+@dataclass
+class _Decoding:
+    """One running request's text and progress (the worker thread's only)."""
+
+    params: SamplingParams
+    pieces: list[bytes]
+    ends_generation: np.ndarray
+    stream: TextStream
+    limit: int  # tokens it may still generate: max_tokens, capped by the context
+    generated: int = 0
+    cumulative_logprob: float | None = None
+
+    def advance(self, token: int) -> tuple[str, str | None]:
+        """Count ``token``; the text it adds and, if it ends the request, why."""
+        self.generated += 1
+        params, piece = self.params, self.pieces[token]
+        is_stop_token = token in params.stop_token_ids
+        if self.ends_generation[token] or is_stop_token:
+            # An end token adds no text (as in vLLM) unless it is a stop token the
+            # client asked to see.
+            text = ""
+            if is_stop_token and params.include_stop_str_in_output:
+                text = self.stream.add(piece).text
+            return text + self.stream.finish().text, "stop"
+        delta = self.stream.add(piece)
+        if delta.stop is not None:
+            return delta.text, "stop"
+        if self.generated >= self.limit:
+            end = self.stream.finish()
+            return delta.text + end.text, "stop" if end.stop is not None else "length"
+        return delta.text, None
+
+
 class LlamaCppEngine(Engine):
     metric_prefix = "llamacpp"
+    config_file = ConfigFile("model.json", path_keys=("model_path",))
 
     def __init__(self, llama_kwargs: dict[str, Any]) -> None:
         self._kwargs = llama_kwargs
         self._llama: Any = None
         self._formatter: Jinja2ChatFormatter | None = None
-        self._pieces: tuple[list[bytes], list[bytes]] = ([], [])  # (plain, with specials)
-        self._eog: np.ndarray = np.zeros(0, dtype=bool)
+        self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
         self._queued = 0
         self._running = 0
         self._counts = threading.Lock()
 
     @classmethod
-    def config_file(cls) -> str:
-        return "model.json"
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> LlamaCppEngine:
-        values = resolve_paths(dict(config), model_dir, keys=("model_path",))
-        if not values.get("model_path"):
+    def from_settings(cls, settings: dict[str, Any]) -> LlamaCppEngine:
+        if not settings.get("model_path"):
             raise ValueError("model.json: model_path (a GGUF file) is required")
-        if not Path(values["model_path"]).is_file():
-            raise FileNotFoundError(f"model.json: model_path {values['model_path']} is not a file")
+        if not Path(settings["model_path"]).is_file():
+            raise FileNotFoundError(
+                f"model.json: model_path {settings['model_path']} is not a file"
+            )
         # Logits for every position would cost n_ctx x n_vocab floats; logprobs read the
         # last position's logits directly instead.
-        values["logits_all"] = False
-        values.setdefault("verbose", False)
+        settings["logits_all"] = False
+        settings.setdefault("verbose", False)
         # Penalties should see the whole generation, as vLLM's do, not the last 64 tokens.
-        values.setdefault("last_n_tokens_size", values.get("n_ctx", 512))
-        return cls(values)
+        settings.setdefault("last_n_tokens_size", settings.get("n_ctx", 512))
+        return cls(settings)
 
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
         self._llama = await asyncio.to_thread(lambda: llama_cpp.Llama(**self._kwargs))
         llama = self._llama
-        vocab = llama._model.vocab
-        self._pieces = (
-            [self._piece(vocab, t, special=False) for t in range(llama.n_vocab())],
-            [self._piece(vocab, t, special=True) for t in range(llama.n_vocab())],
-        )
-        self._eog = np.array(
-            [llama_cpp.llama_token_is_eog(vocab, t) for t in range(llama.n_vocab())], dtype=bool
-        )
+        self._vocab = _Vocabulary.read(llama)
         template = llama.metadata.get("tokenizer.chat_template")
         if template:
             self._formatter = Jinja2ChatFormatter(
@@ -176,28 +214,17 @@ class LlamaCppEngine(Engine):
         self._worker.start()
 
     async def shutdown(self) -> None:
-        for job in list(self._jobs.values()):
+        for job in self._jobs.handles():
             job.cancel.set()
         self._queue.put(None)
-        if self._worker is not None:
-            await asyncio.to_thread(self._worker.join)
+        await stop_on_thread(self._worker, threading.Thread.join)
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
 
     def _special_text(self, token: int) -> str:
         """A special token's text for the chat template ("" where the model has none)."""
-        return self._pieces[1][token].decode("utf-8", "replace") if token >= 0 else ""
-
-    @staticmethod
-    def _piece(vocab: Any, token: int, special: bool) -> bytes:
-        size = 64
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
-            if n >= 0:
-                return buffer.raw[:n]
-            size = -n
+        return self._vocab.text(token) if token >= 0 else ""
 
     # --- the model -----------------------------------------------------------------
 
@@ -226,20 +253,7 @@ class LlamaCppEngine(Engine):
 
     def _grammar(self, sampling: SamplingParams) -> LlamaGrammar | None:
         spec = sampling.structured_outputs
-        if spec is None:
-            return None
-        text = structured_gbnf(spec)
-        # llama.cpp returns NULL for a grammar it cannot parse, and adding NULL to a
-        # sampler chain crashes: check it here, where a bad grammar is the client's error.
-        probe = llama_cpp.llama_sampler_init_grammar(
-            self._llama._model.vocab, text.encode("utf-8"), b"root"
-        )
-        if not probe:
-            raise RequestError(
-                f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar"
-            )
-        llama_cpp.llama_sampler_free(probe)
-        return LlamaGrammar.from_string(text, verbose=False)
+        return None if spec is None else compile_grammar(spec, self._llama._model.vocab)
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
@@ -254,11 +268,10 @@ class LlamaCppEngine(Engine):
             self._grammar(sampling),
             lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
         )
-        self._jobs[request_id] = job
         with self._counts:
             self._queued += 1
         self._queue.put(job)
-        try:
+        with self._jobs.track(request_id, job):
             while True:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
@@ -266,17 +279,12 @@ class LlamaCppEngine(Engine):
                 yield item
                 if item.finished:
                     return
-        finally:
-            self._jobs.pop(request_id, None)
-            self._drop(job)  # the consumer may have left early: stop the work
 
     def _drop(self, job: _Job) -> bool:
         """Abort ``job``; True if it was still queued (it will never run)."""
         job.cancel.set()
-        with job.lock:
-            if job.state != "queued":
-                return False
-            job.state = "dropped"
+        if not job.leave_queue(_JobState.DROPPED):
+            return False
         with self._counts:
             self._queued -= 1
         return True
@@ -295,10 +303,8 @@ class LlamaCppEngine(Engine):
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
-            with job.lock:
-                if job.state != "queued":
-                    continue
-                job.state = "running"
+            if not job.leave_queue(_JobState.RUNNING):
+                continue  # aborted while queued
             with self._counts:
                 self._queued -= 1
                 self._running = 1
@@ -323,7 +329,7 @@ class LlamaCppEngine(Engine):
         pointer = llama_cpp.llama_get_logits_ith(self._llama._ctx.ctx, -1)
         return np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
 
-    def _logprobs(self, token: int, top: int) -> tuple[dict[int, dict[str, Any]], float]:
+    def _logprobs(self, token: int, top: int) -> tuple[PositionLogprobs, float]:
         logits = self._logits_row()
         logprobs = logits - logits.max()
         logprobs -= np.log(np.exp(logprobs).sum())
@@ -331,36 +337,56 @@ class LlamaCppEngine(Engine):
         # As vLLM: the sampled token, plus the ``top`` most likely ones.
         ids = [token, *(int(t) for t in np.argsort(-logprobs)[:top] if t != token)]
         entry = {
-            t: {
-                "logprob": float(logprobs[t]),
-                "rank": int((logprobs > logprobs[t]).sum()) + 1,
-                "decoded_token": self._pieces[1][t].decode("utf-8", "replace"),
-            }
+            t: TokenLogprob(
+                logprob=float(logprobs[t]),
+                rank=int((logprobs > logprobs[t]).sum()) + 1,
+                decoded_token=self._vocab.text(t),
+            )
             for t in ids
         }
         return entry, chosen
 
     def _run(self, job: _Job) -> None:
+        """Generate ``job`` to its end, delivering one delta per token."""
+        decoding = self._begin(job)
+        tokens = self._sample(job, decoding)
+        try:
+            for token in tokens:
+                if job.cancel.is_set():
+                    job.deliver(ABORTED)
+                    return
+                output = self._step(decoding, int(token))
+                job.deliver(output)
+                if output.finished:
+                    return
+        finally:
+            tokens.close()
+
+    def _begin(self, job: _Job) -> _Decoding:
         params, llama = job.sampling, self._llama
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        llama.set_seed(seed % 0xFFFFFFFF)
+        llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
-        pieces = self._pieces[0 if params.skip_special_tokens else 1]
-        stream = TextStream(params.stop, params.include_stop_str_in_output)
-        limit = min(params.max_tokens, llama.n_ctx() - len(job.prompt))
-        stop_ids = set(params.stop_token_ids)
-        eog = self._eog
-        generated = 0
+        return _Decoding(
+            params=params,
+            pieces=self._vocab.pieces(params.skip_special_tokens),
+            ends_generation=self._vocab.ends_generation,
+            stream=TextStream(params.stop, params.include_stop_str_in_output),
+            limit=min(params.max_tokens, llama.n_ctx() - len(job.prompt)),
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+
+    def _sample(self, job: _Job, decoding: _Decoding) -> Generator[int, Any, None]:
+        """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""
+        params, ends = job.sampling, decoding.ends_generation
 
         def forbid_end(_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-            if params.ignore_eos or generated < params.min_tokens:
-                logits[eog] = -np.inf
+            if params.ignore_eos or decoding.generated < params.min_tokens:
+                logits[ends] = -np.inf
             return logits
 
         needs_processor = params.ignore_eos or params.min_tokens > 0
-        cumulative = 0.0 if params.logprobs is not None else None
-        tokens = llama.generate(
+        return self._llama.generate(
             job.prompt,
             top_k=max(params.top_k, 0),
             top_p=params.top_p,
@@ -373,46 +399,20 @@ class LlamaCppEngine(Engine):
             logits_processor=[forbid_end] if needs_processor else None,
             grammar=job.grammar,
         )
-        try:
-            for token in tokens:
-                if job.cancel.is_set():
-                    job.deliver(ABORTED)
-                    return
-                generated += 1
-                logprobs = None
-                if params.logprobs is not None:
-                    entry, chosen = self._logprobs(token, params.logprobs)
-                    logprobs = [entry]
-                    cumulative += chosen
-                reason: str | None = None
-                if eog[token] or token in stop_ids:
-                    # An end token adds no text (as in vLLM) unless it is a stop token
-                    # the client asked to see.
-                    text = ""
-                    if token in stop_ids and params.include_stop_str_in_output:
-                        text = stream.add(pieces[token]).text
-                    text += stream.finish().text
-                    reason = "stop"
-                else:
-                    delta = stream.add(pieces[token])
-                    text = delta.text
-                    if delta.stop is not None:
-                        reason = "stop"
-                    elif generated >= limit:
-                        end = stream.finish()
-                        text += end.text
-                        reason = "stop" if end.stop is not None else "length"
-                job.deliver(
-                    EngineOutput(
-                        text=text,
-                        token_ids=[int(token)],
-                        logprobs=logprobs,
-                        cumulative_logprob=cumulative,
-                        finished=reason is not None,
-                        finish_reason=reason,
-                    )
-                )
-                if reason is not None:
-                    return
-        finally:
-            tokens.close()
+
+    def _step(self, decoding: _Decoding, token: int) -> EngineOutput:
+        """The delta for one sampled token (logprobs read before the next evaluation)."""
+        logprobs = None
+        if decoding.params.logprobs is not None:
+            entry, chosen = self._logprobs(token, decoding.params.logprobs)
+            logprobs = [entry]
+            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
+        text, reason = decoding.advance(token)
+        return EngineOutput(
+            text=text,
+            token_ids=[token],
+            logprobs=logprobs,
+            cumulative_logprob=decoding.cumulative_logprob,
+            finished=reason is not None,
+            finish_reason=reason,
+        )

@@ -10,36 +10,36 @@ request (``RequestOutput.abort()``); unloading shuts the LLM down.
 ``tensorrt_llm`` is imported when the model loads, not when this module is imported:
 it initialises CUDA on import (upstream defers it for the same reason), and where it is
 missing the load must fail with a message that says so rather than a bare traceback.
-The adapter takes the LLM API as a parameter, which is also how the contract test
-(tests/contract) drives it against a stand-in of the documented API.
+The LLM API is a class attribute (:attr:`TensorRTLLMEngine.llm_api`), which is also how
+the contract test (tests/contract) drives the adapter against a stand-in of the
+documented API.
 
-Clients of upstream's model and of genai-perf ``--backend tensorrtllm`` work unchanged:
-:func:`translate_trtllm_inputs` maps their tensors (``sampling_param_*``, ``streaming``,
-``max_tokens``, ``runtime_top_k`` …) onto the common schema.
+Clients of upstream's model and of genai-perf ``--backend tensorrtllm`` are served by
+the Triton edge's :mod:`tritonforge.dialects.tensorrtllm`; the adapter sees only parsed
+requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import random
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
-from tritonforge.engine_config import resolve_paths
 from tritonforge.engines.base import (
+    ConfigFile,
     EngineOutput,
     EngineStats,
     HFTokenizedEngine,
+    PositionLogprobs,
     PreparedPrompt,
+    RequestTracker,
+    TokenLogprob,
+    stop_on_thread,
 )
-from tritonforge.errors import RequestError
-from tritonforge.sampling import SamplingParams, parse_sampling_value
+from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import StopStringMatcher
 
 # --- the LLM API, loaded at model load ---------------------------------------------
@@ -108,116 +108,6 @@ def split_model_yaml(config: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
     return llm_kwargs, period_ms / 1000.0
 
 
-# --- input dialects: upstream llmapi model and genai-perf --backend tensorrtllm -----
-
-
-def _spec(name: str, dtype: str, dims: list[int] | None = None) -> dict[str, Any]:
-    return {"name": name, "data_type": dtype, "dims": dims or [1], "optional": True}
-
-
-# Upstream llmapi model: tensor -> common sampling key.
-LLMAPI_SAMPLING = {
-    "sampling_param_temperature": ("temperature", "TYPE_FP32"),
-    "sampling_param_top_k": ("top_k", "TYPE_INT32"),
-    "sampling_param_top_p": ("top_p", "TYPE_FP32"),
-    "sampling_param_frequency_penalty": ("frequency_penalty", "TYPE_FP32"),
-    "sampling_param_presence_penalty": ("presence_penalty", "TYPE_FP32"),
-    "sampling_param_max_tokens": ("max_tokens", "TYPE_INT32"),
-    "sampling_param_seed": ("seed", "TYPE_UINT64"),
-}
-# genai-perf --backend tensorrtllm and the classic TensorRT-LLM backend tensors.
-TRTLLM_SAMPLING = {
-    "max_tokens": ("max_tokens", "TYPE_INT32"),
-    "min_length": ("min_tokens", "TYPE_INT32"),
-    "temperature": ("temperature", "TYPE_FP32"),
-    "runtime_top_k": ("top_k", "TYPE_INT32"),
-    "runtime_top_p": ("top_p", "TYPE_FP32"),
-    "random_seed": ("seed", "TYPE_UINT64"),
-    "repetition_penalty": ("repetition_penalty", "TYPE_FP32"),
-    "presence_penalty": ("presence_penalty", "TYPE_FP32"),
-    "frequency_penalty": ("frequency_penalty", "TYPE_FP32"),
-    "ignore_eos": ("ignore_eos", "TYPE_BOOL"),
-}
-STOP_LISTS = ("sampling_param_stop", "stop_words")
-# Inputs accepted only at their neutral value; anything else is refused by name.
-NEUTRAL_ONLY = {
-    "sampling_param_best_of": ("TYPE_INT32", 1, "only 1 is supported (one sequence per request)"),
-    "beam_width": ("TYPE_INT32", 1, "only 1 is supported (no beam search)"),
-    "sampling_param_return_perf_metrics": ("TYPE_BOOL", False, "is not supported"),
-    "return_stop_reason": ("TYPE_BOOL", False, "is not supported; use return_finish_reason"),
-    "stop": (
-        "TYPE_BOOL",
-        False,
-        "stopping a request by id is not supported; cancel the request's stream instead",
-    ),
-}
-
-TRTLLM_INPUTS: tuple[dict[str, Any], ...] = (
-    _spec("streaming", "TYPE_BOOL"),
-    _spec("sampling_param_exclude_input_from_output", "TYPE_BOOL"),
-    *(_spec(name, dtype) for name, (_, dtype) in LLMAPI_SAMPLING.items()),
-    *(_spec(name, dtype) for name, (_, dtype) in TRTLLM_SAMPLING.items()),
-    *(_spec(name, "TYPE_STRING", [-1]) for name in (*STOP_LISTS, "bad_words")),
-    *(_spec(name, dtype) for name, (dtype, _, _) in NEUTRAL_ONLY.items()),
-)
-
-
-def _scalar(name: str, array: np.ndarray) -> Any:
-    if array.size != 1:
-        raise RequestError(name, f"expected exactly one element, got shape {tuple(array.shape)}")
-    value = array.reshape(-1)[0]
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def _strings(name: str, array: np.ndarray) -> list[str]:
-    out = []
-    for i, value in enumerate(array.reshape(-1)):
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise RequestError(f"{name}[{i}]", "is not valid UTF-8") from None
-        if not isinstance(value, str):
-            raise RequestError(name, f"expected strings (BYTES), got {array.dtype}")
-        out.append(value)
-    return out
-
-
-def translate_trtllm_inputs(
-    inputs: Mapping[str, np.ndarray],
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Map upstream llmapi / genai-perf tensors onto the common schema (pure, unit-tested)."""
-    common = dict(inputs)
-    sampling: dict[str, Any] = {}
-    if "streaming" in common:
-        streaming = common.pop("streaming")
-        if "stream" in common and bool(_scalar("stream", common["stream"])) != bool(
-            _scalar("streaming", streaming)
-        ):
-            raise RequestError("streaming", "disagrees with stream; send one of them")
-        common["stream"] = streaming
-    if "sampling_param_exclude_input_from_output" in common:
-        common["exclude_input_in_output"] = common.pop("sampling_param_exclude_input_from_output")
-    for table in (TRTLLM_SAMPLING, LLMAPI_SAMPLING):
-        for name, (key, _) in table.items():
-            if name in common:
-                sampling[key] = parse_sampling_value(key, _scalar(name, common.pop(name)), name)
-    stops: list[str] = []
-    for name in STOP_LISTS:
-        if name in common:
-            stops += [s for s in _strings(name, common.pop(name)) if s]
-    if stops:
-        sampling["stop"] = parse_sampling_value("stop", stops, STOP_LISTS[0])
-    if "bad_words" in common and any(_strings("bad_words", common.pop("bad_words"))):
-        raise RequestError("bad_words", "is not supported (send an empty list or omit it)")
-    for name, (_, neutral, rule) in NEUTRAL_ONLY.items():
-        if name in common:
-            value = _scalar(name, common.pop(name))
-            if value != neutral:
-                raise RequestError(name, f"{rule}, got {value!r}")
-    return common, sampling
-
-
 # --- sampling and outputs ------------------------------------------------------------
 
 #: TensorRT-LLM finish reasons in the common vocabulary (vLLM's).
@@ -252,7 +142,7 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
-        seed=params.seed if params.seed is not None else random.getrandbits(63),
+        seed=params.seed_or_random(),
         stop=list(params.stop) or None,
         stop_token_ids=list(params.stop_token_ids) or None,
         # The adapter cuts stop strings itself (see TensorRTLLMEngine.generate).
@@ -265,46 +155,29 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class _Logprob:
-    """A TensorRT-flow logprob (a bare float) in the PyTorch backend's shape."""
-
-    logprob: float
-    rank: int | None
+def _abort_unfinished(result: Any) -> None:
+    if not result.finished:
+        result.abort()
 
 
 class TensorRTLLMEngine(HFTokenizedEngine):
     metric_prefix = "trtllm"
-    extra_inputs: ClassVar[tuple[dict[str, Any], ...]] = TRTLLM_INPUTS
+    config_file = ConfigFile("model.yaml", path_keys=("model", "tokenizer"))
 
-    def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_s: float) -> None:
+    #: The LLM API; None imports TensorRT-LLM's when the model loads.
+    llm_api: ClassVar[LlmApi | None] = None
+
+    def __init__(self, llm_kwargs: dict[str, Any], api: LlmApi, cancellation_poll_s: float) -> None:
         self._kwargs = llm_kwargs
         self._api = api
-        self.cancellation_check_s = cancellation_s
+        self.cancellation_poll_s = cancellation_poll_s
         self._llm: Any = None
-        self._tokenizer: Any = None
-        self._max_context = 0
-        self._vocab_size = 0
-        self._requests: dict[str, Any] = {}
+        self._requests: RequestTracker[Any] = RequestTracker(release=_abort_unfinished)
 
     @classmethod
-    def config_file(cls) -> str:
-        return "model.yaml"
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], model_dir: Path, api: LlmApi | None = None
-    ) -> TensorRTLLMEngine:
-        llm_kwargs, cancellation_s = split_model_yaml(config)
-        api = api or load_llm_api()
-        llm_kwargs = resolve_paths(llm_kwargs, model_dir, keys=("model", "tokenizer"))
-        return cls(llm_kwargs, api, cancellation_s)
-
-    @classmethod
-    def translate_inputs(
-        cls, inputs: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return translate_trtllm_inputs(inputs)
+    def from_settings(cls, settings: dict[str, Any]) -> TensorRTLLMEngine:
+        llm_kwargs, cancellation_poll_s = split_model_yaml(settings)
+        return cls(llm_kwargs, cls.llm_api or load_llm_api(), cancellation_poll_s)
 
     async def start(self) -> None:
         # generate_async binds results to the running loop, so the LLM is built off-loop
@@ -322,28 +195,29 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         self._vocab_size = len(getattr(self._tokenizer, "tokenizer", self._tokenizer))
 
     async def shutdown(self) -> None:
-        for result in list(self._requests.values()):
-            result.abort()
-        if self._llm is not None:
-            llm, self._llm = self._llm, None
-            await asyncio.to_thread(llm.shutdown)
+        for result in self._requests.handles():
+            _abort_unfinished(result)
+        llm, self._llm = self._llm, None
+        await stop_on_thread(llm, lambda llm: llm.shutdown())
 
-    def _logprobs(self, completion: Any) -> list[dict[int, dict[str, Any]]] | None:
+    def _logprobs(self, completion: Any) -> list[PositionLogprobs] | None:
         entries = completion.logprobs_diff
         if not entries:
             return None
         result = []
-        for position, entry in zip(completion.token_ids_diff, entries, strict=False):
-            if not isinstance(entry, Mapping):  # TensorRT flow: one float per token
-                entry = {position: _Logprob(float(entry), None)}
+        for sampled, entry in zip(completion.token_ids_diff, entries, strict=False):
+            # PyTorch flow: {token: Logprob(logprob, rank)}; TensorRT flow: one bare float.
+            candidates = (
+                {t: (lp.logprob, lp.rank) for t, lp in entry.items()}
+                if isinstance(entry, Mapping)
+                else {sampled: (float(entry), None)}
+            )
             result.append(
                 {
-                    token: {
-                        "logprob": lp.logprob,
-                        "rank": lp.rank,
-                        "decoded_token": self._tokenizer.decode([token]),
-                    }
-                    for token, lp in entry.items()
+                    token: TokenLogprob(
+                        logprob=logprob, rank=rank, decoded_token=self._tokenizer.decode([token])
+                    )
+                    for token, (logprob, rank) in candidates.items()
                 }
             )
         return result
@@ -357,14 +231,13 @@ class TensorRTLLMEngine(HFTokenizedEngine):
             sampling_params=to_trtllm_sampling(self._api, sampling),
             streaming=True,
         )
-        self._requests[request_id] = result
         # TensorRT-LLM streams text up to a stop string and trims it only at the end, so
         # a streamed answer could show text the final one lacks; and it matches stop
         # strings on token ids, missing one tokenised differently. The core's matcher
         # on the text holds back possible stop prefixes and cuts exactly, as for the
         # other engines; the engine is asked to keep stop strings so text only grows.
         stops = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
-        try:
+        with self._requests.track(request_id, result):
             async for output in result:
                 completion = output.outputs[0]
                 text, hit = stops.feed(completion.text_diff)
@@ -384,15 +257,11 @@ class TensorRTLLMEngine(HFTokenizedEngine):
                 )
                 if finished:
                     return
-        finally:
-            self._requests.pop(request_id, None)
-            if not result.finished:  # the consumer left early: free the engine's slot
-                result.abort()
 
     async def abort(self, request_id: str) -> None:
         result = self._requests.get(request_id)
-        if result is not None and not result.finished:
-            result.abort()
+        if result is not None:
+            _abort_unfinished(result)
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._requests))

@@ -9,9 +9,7 @@ state (running/waiting requests, KV-cache usage) arrives through a stat logger.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm import SamplingParams as VllmSamplingParams
@@ -21,12 +19,15 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from tritonforge.engine_config import resolve_paths
 from tritonforge.engines.base import (
+    ConfigFile,
     EngineOutput,
     EngineStats,
     HFTokenizedEngine,
+    PositionLogprobs,
     PreparedPrompt,
+    TokenLogprob,
+    stop_on_thread,
 )
 from tritonforge.sampling import SamplingParams
 
@@ -81,23 +82,26 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     )
 
 
+def _position_logprobs(candidates: dict[int, Any]) -> PositionLogprobs:
+    return {
+        token: TokenLogprob(logprob=c.logprob, rank=c.rank, decoded_token=c.decoded_token)
+        for token, c in candidates.items()
+    }
+
+
 class VllmEngine(HFTokenizedEngine):
     metric_prefix = "vllm"
+    config_file = ConfigFile("model.json", path_keys=("model", "tokenizer"))
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self._args = engine_args
         self._engine: AsyncLLM | None = None
 
     @classmethod
-    def config_file(cls) -> str:
-        return "model.json"
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> VllmEngine:
-        values = resolve_paths(dict(config), model_dir, keys=("model", "tokenizer"))
+    def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
         # Never log prompts: vLLM's request logging stays off whatever the file says.
-        values["enable_log_requests"] = False
-        return cls(AsyncEngineArgs(**values))
+        settings["enable_log_requests"] = False
+        return cls(AsyncEngineArgs(**settings))
 
     async def start(self) -> None:
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
@@ -106,9 +110,8 @@ class VllmEngine(HFTokenizedEngine):
         self._vocab_size = self._engine.model_config.get_vocab_size()
 
     async def shutdown(self) -> None:
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            await asyncio.to_thread(engine.shutdown)
+        engine, self._engine = self._engine, None
+        await stop_on_thread(engine, lambda engine: engine.shutdown())
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
@@ -121,23 +124,12 @@ class VllmEngine(HFTokenizedEngine):
             engine_prompt, to_vllm_sampling(sampling), request_id
         ):
             completion = result.outputs[0]
-            logprobs = None
-            if completion.logprobs is not None:
-                logprobs = [
-                    {
-                        token: {
-                            "logprob": entry.logprob,
-                            "rank": entry.rank,
-                            "decoded_token": entry.decoded_token,
-                        }
-                        for token, entry in position.items()
-                    }
-                    for position in completion.logprobs
-                ]
             yield EngineOutput(
                 text=completion.text,
                 token_ids=list(completion.token_ids),
-                logprobs=logprobs,
+                logprobs=None
+                if completion.logprobs is None
+                else [_position_logprobs(position) for position in completion.logprobs],
                 cumulative_logprob=completion.cumulative_logprob,
                 finished=result.finished,
                 finish_reason=completion.finish_reason,

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tritonforge.engines.llamacpp import structured_gbnf
+from tritonforge.engines.gbnf import structured_gbnf
 from tritonforge.errors import RequestError
 from tritonforge.sampling import StructuredOutput
 

@@ -1,11 +1,14 @@
-"""TensorRT-LLM input dialects onto the common schema: upstream llmapi and genai-perf."""
+"""TensorRT-LLM request dialects onto the common schema: upstream llmapi and genai-perf."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tritonforge.engines.tensorrtllm import TRTLLM_INPUTS, translate_trtllm_inputs
+from tritonforge.dialects.tensorrtllm import DIALECT
 from tritonforge.errors import RequestError
 from tritonforge.schema import PROMPT_INPUTS, RETURN_INPUTS, parse_request
 
@@ -23,7 +26,7 @@ def texts(*values: str) -> np.ndarray:
 
 
 def parse(inputs: dict):
-    common, sampling = translate_trtllm_inputs(inputs)
+    common, sampling = DIALECT.translate(inputs)
     return parse_request(common, None, sampling)
 
 
@@ -116,7 +119,14 @@ def test_neutral_values_and_empty_lists_are_accepted() -> None:
 
 
 def test_declared_inputs_are_distinct_and_beyond_the_common_schema() -> None:
-    names = [spec["name"] for spec in TRTLLM_INPUTS]
+    names = [spec["name"] for spec in DIALECT.inputs]
     assert len(names) == len(set(names))
     common = {*PROMPT_INPUTS, *RETURN_INPUTS, "sampling_parameters", "stream"}
     assert not set(names) & (common | {"exclude_input_in_output"})
+
+
+def test_the_shipped_model_config_declares_every_dialect_input() -> None:
+    """Auto-complete adds these inputs; the repository's config.pbtxt spells them out."""
+    config = Path(__file__).parents[2] / "model_repository/tensorrt_llm_model/config.pbtxt"
+    declared = dict(re.findall(r'name: "(\w+)" data_type: (\w+)', config.read_text()))
+    assert {s["name"]: s["data_type"] for s in DIALECT.inputs}.items() <= declared.items()

@@ -1,0 +1,126 @@
+"""TEST DOUBLES — stand-ins for the runtime's collaborators, shared by the server-free tests.
+
+None of this is an engine or Triton: :class:`ScriptedEngine` replays fixed deltas,
+:class:`RecordingChannel` plays Triton's response sender, :class:`RecordingMetrics`
+and :class:`RecordingLogger` keep what the runtime reports. They let the real
+:class:`~tritonforge.runtime.Runtime` run in a test without a server or a model.
+(The TensorRT-LLM contract test drives the real adapter against
+tests/contract/trtllm_standin.py, a stand-in of the documented LLM API instead.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from tritonforge.engines.base import (
+    ConfigFile,
+    Engine,
+    EngineOutput,
+    EngineStats,
+    PreparedPrompt,
+)
+from tritonforge.runtime import RequestRecord
+from tritonforge.sampling import SamplingParams
+
+
+class ScriptedEngine(Engine):
+    """Answers every request with the same deltas; one token per prompt character."""
+
+    config_file = ConfigFile("none")
+
+    def __init__(self, script: Sequence[EngineOutput] = ()) -> None:
+        self.script = list(script)
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> ScriptedEngine:
+        return cls()
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    @property
+    def max_context(self) -> int:
+        return 100
+
+    @property
+    def vocab_size(self) -> int:
+        return 100
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [1] * len(text)
+
+    def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
+        return ""
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        for delta in self.script:
+            yield delta
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+class RecordingChannel:
+    """A request's response sender: keeps every send; cancelled after ``cancel_after``."""
+
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.sent: list[tuple[dict[str, np.ndarray] | None, BaseException | None, bool]] = []
+        self.cancel_after = cancel_after
+        self.done = threading.Event()  # set by the final response
+
+    def send(
+        self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
+    ) -> None:
+        self.sent.append((tensors, error, final))
+        if final:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+    def responses(self) -> list[dict[str, np.ndarray]]:
+        """The output tensors sent, in order (errors and empty finals left out)."""
+        return [tensors for tensors, _, _ in self.sent if tensors is not None]
+
+    def errors(self) -> list[BaseException]:
+        return [error for _, error, _ in self.sent if error is not None]
+
+
+class RecordingMetrics:
+    """The runtime's metrics sink: keeps every request record."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    def record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+    def set_stats(self, stats: EngineStats) -> None:
+        pass
+
+    def wait_for(self, count: int, timeout_s: float = 30) -> None:
+        """Wait (bounded) until ``count`` requests have finished in the runtime."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.records) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.records) == count
+
+
+class RecordingLogger:
+    """The runtime's logger: keeps error lines so a test can require there were none."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def log_info(self, msg: str) -> None:
+        pass
+
+    def log_error(self, msg: str) -> None:
+        self.errors.append(msg)
