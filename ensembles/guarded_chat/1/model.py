@@ -61,8 +61,8 @@ class _Outbox:
             output_tensors=[pb_utils.Tensor(k, v) for k, v in (tensors or {}).items()]
         )
 
-    def send(self, tensors: dict[str, np.ndarray], error: None = None) -> None:
-        self._sender.send(self._response(tensors, error))
+    def send(self, tensors: dict[str, np.ndarray]) -> None:
+        self._sender.send(self._response(tensors, None))
 
     def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
         self._sender.send(self._response(tensors, error), flags=FINAL)
