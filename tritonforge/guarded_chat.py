@@ -11,6 +11,8 @@ The inner stream is always drained to its end, cancelled or not. A BLS response
 iterator abandoned half-way leaves the callee's responses queued in the python
 backend's stub process, and that once made an unload hang; draining costs at most the
 callee's reaction time to the cancellation (one poll interval of its runtime).
+
+Triton 2.51 workarounds W1 and W3, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
@@ -154,9 +156,12 @@ class GuardedChat:
                     last_poll = now
                     if outbox.is_cancelled():
                         cancelled = True
+                        # Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md
                         self.board.cancel(self.request_id)
                 if cancelled or error is not None:
-                    continue  # drain: the inner request ends soon
+                    # Drain: the inner request ends soon. Triton 2.51 workaround W3, see
+                    # docs/triton-2.51-workarounds.md
+                    continue
                 if event.error is not None:
                     error = event
                     continue
