@@ -9,6 +9,7 @@ after ``--wait`` seconds the script reports the iteration and stops (exit status
 Seen on Triton 2.51 / python backend 24.10: the first hang came at iterations 1 to 16.
 The stub is then idle (only its main thread; nothing for the garbage collector), Triton
 never calls the instance's finalize, and unloading vllm_model does not release it.
+Triton 2.51 workaround W12 (an open issue), see docs/triton-2.51-workarounds.md.
 
     .venv/bin/python scripts/repro_guarded_chat_unload.py --iterations 20
 """

@@ -13,7 +13,9 @@ VENV="${TRITONFORGE_BENCH_VENV:-$ROOT/.venv-bench}"
 LOCK="$ROOT/requirements/bench.txt"
 PYTHON="${PYTHON:-python3.11}"
 SERVING_VENV="${TRITONFORGE_VENV:-$ROOT/.venv}"
-# The top-level pins; everything else comes from the lock.
+# The top-level pins; everything else comes from the lock. tritonclient stays at the
+# server's 2.51 here, apart from .venv (Triton 2.51 workaround W8, see
+# docs/triton-2.51-workarounds.md).
 TOP_LEVEL=(genai-perf==0.0.16 aiperf==0.13.0 "tritonclient[all]==2.51.0")
 
 relock=0

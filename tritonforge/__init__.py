@@ -15,6 +15,7 @@ def _ensure_utf8_locale() -> None:
     The stub embeds an isolated interpreter that never calls ``setlocale``, so files
     open as ASCII whatever ``LANG`` says, and importing vLLM/torch (UTF-8 sources and
     templates) fails. Setting LC_CTYPE here fixes every later ``open()``.
+    Triton 2.51 workaround W6, see docs/triton-2.51-workarounds.md.
     """
     if _locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
         return

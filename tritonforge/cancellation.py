@@ -11,6 +11,8 @@ checks the board too, so the engine aborts the request within one poll interval.
 The board is a directory of empty files private to one server process (every stub is
 a child of the tritonserver process): existence checks cost about a microsecond and
 need no shared state beyond the file system. Ids are hashed, so any string is safe.
+
+Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ own thread: it redacts the prompt, streams the inner model's text through a
 error or a client cancellation into exactly one final response.
 
 The inner stream is always drained to its end, cancelled or not. A BLS response
-iterator abandoned half-way leaves the callee's responses queued in the stub, and that
-is what made an unload hang once (see ENVIRONMENT.md); draining costs at most the
+iterator abandoned half-way leaves the callee's responses queued in the python
+backend's stub process, and that once made an unload hang; draining costs at most the
 callee's reaction time to the cancellation (one poll interval of its runtime).
+
+Triton 2.51 workarounds W1 and W3, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ class ClientCancelled(RuntimeError):
 class Outbox(Protocol):
     """Where the client's responses go (Triton's response sender, at the edge)."""
 
-    def send(self, tensors: dict[str, np.ndarray], error: None) -> None:
-        """Send one streamed (non-final) response."""
+    def send(self, tensors: dict[str, np.ndarray]) -> None:
+        """Send one streamed (non-final) response.
+
+        It never carries an error: an error ends the request, so it goes to :meth:`close`.
+        """
 
     def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
         """Send the final response: the last tensors, or the error that ends the request."""
@@ -151,9 +156,12 @@ class GuardedChat:
                     last_poll = now
                     if outbox.is_cancelled():
                         cancelled = True
+                        # Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md
                         self.board.cancel(self.request_id)
                 if cancelled or error is not None:
-                    continue  # drain: the inner request ends soon
+                    # Drain: the inner request ends soon. Triton 2.51 workaround W3, see
+                    # docs/triton-2.51-workarounds.md
+                    continue
                 if event.error is not None:
                     error = event
                     continue
@@ -162,7 +170,7 @@ class GuardedChat:
                     whole.append(released)
                     found += findings
                 elif released or findings:
-                    outbox.send(_response(released, findings, pending_input_findings), None)
+                    outbox.send(_response(released, findings, pending_input_findings))
                     pending_input_findings = None
         except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
             error = InnerEvent(error=str(exc) or type(exc).__name__)

@@ -117,6 +117,9 @@ def _token_ids(array: np.ndarray) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
+_Prompt = tuple[str | None, tuple[dict[str, str], ...] | None, tuple[int, ...] | None]
+
+
 def parse_request(
     inputs: Mapping[str, np.ndarray],
     parameters: Mapping[str, Any] | None = None,
@@ -129,26 +132,50 @@ def parse_request(
     ``dialect_sampling`` holds typed values an engine's input dialect already read
     from tensors of their own (see :meth:`Engine.translate_inputs`); they rank
     between request parameters and the ``sampling_parameters`` tensor.
+
+    The parts are read in a fixed order (prompt, echo, returns, sampling), so a request
+    with several mistakes always reports the same one first.
     """
+    prompt, messages, prompt_ids = _prompt(inputs)
+    stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
+    returns = _returns(inputs, token_level=prompt_ids is not None)
+    sampling = _sampling(inputs, parameters, dialect_sampling, logprobs=returns.logprobs)
+    return GenerateRequest(
+        prompt=prompt,
+        messages=messages,
+        prompt_ids=prompt_ids,
+        stream=stream,
+        prepend_input=prepend_input,
+        sampling=sampling,
+        returns=returns,
+    )
+
+
+def _prompt(inputs: Mapping[str, np.ndarray]) -> _Prompt:
+    """The one prompt form given: (text, chat messages, token ids), the others None."""
     given = [name for name in PROMPT_INPUTS if name in inputs]
     if len(given) != 1:
         raise RequestError(
             "text_input",
             f"give exactly one of {', '.join(PROMPT_INPUTS)}; got {', '.join(given) or 'none'}",
         )
-    prompt = messages = prompt_ids = None
     if "text_input" in inputs:
         prompt = _text("text_input", inputs["text_input"])
         if not prompt.strip():
             raise RequestError("text_input", "must not be empty")
-    elif "messages" in inputs:
-        messages = _messages(_text("messages", inputs["messages"]))
-    else:
-        prompt_ids = _token_ids(inputs["input_ids"])
+        return prompt, None, None
+    if "messages" in inputs:
+        return None, _messages(_text("messages", inputs["messages"])), None
+    return None, None, _token_ids(inputs["input_ids"])
 
+
+def _echo(inputs: Mapping[str, np.ndarray], text_prompt: bool) -> tuple[bool, bool]:
+    """``(stream, prepend_input)``: whether to stream, and whether to echo the prompt.
+
+    Upstream semantics: a non-streamed text prompt is echoed before the output unless
+    exclude_input_in_output is set; streaming never echoes and refuses to be asked to.
+    """
     stream = _flag("stream", inputs["stream"]) if "stream" in inputs else False
-    # Upstream semantics: a non-streamed text prompt is echoed before the output unless
-    # exclude_input_in_output is set; streaming never echoes and refuses to be asked to.
     if "exclude_input_in_output" in inputs:
         exclude = _flag("exclude_input_in_output", inputs["exclude_input_in_output"])
         if stream and not exclude:
@@ -157,18 +184,34 @@ def parse_request(
             )
     else:
         exclude = stream
-    prepend_input = prompt is not None and not exclude
+    return stream, text_prompt and not exclude
 
+
+def _returns(inputs: Mapping[str, np.ndarray], token_level: bool) -> ReturnFlags:
+    """The ``return_<name>`` flags a client set, with this project's one default.
+
+    Token ids in, token ids out: a token-level caller (an ensemble's LLM step, whose
+    inputs come only from the ensemble's tensors) gets output_ids unless it opts out.
+    """
     flags = {
         name.removeprefix("return_"): _flag(name, inputs[name])
         for name in RETURN_INPUTS
         if name in inputs
     }
-    # Token ids in, token ids out: a token-level caller (an ensemble's LLM step, whose
-    # inputs come only from the ensemble's tensors) gets output_ids unless it opts out.
-    flags.setdefault("output_ids", prompt_ids is not None)
-    returns = ReturnFlags(**flags)
+    flags.setdefault("output_ids", token_level)
+    return ReturnFlags(**flags)
 
+
+def _sampling(
+    inputs: Mapping[str, np.ndarray],
+    parameters: Mapping[str, Any] | None,
+    dialect_sampling: Mapping[str, Any] | None,
+    logprobs: bool,
+) -> SamplingParams:
+    """Merge the three sampling channels, lowest rank first (see :func:`parse_request`).
+
+    ``return_logprobs`` without a ``logprobs`` count asks for the sampled token's only.
+    """
     params = {k: v for k, v in (parameters or {}).items() if k not in TRANSPORT_PARAMETERS}
     from_params = parse_sampling(params, "parameters")
     from_tensor: dict[str, Any] = {}
@@ -179,15 +222,6 @@ def parse_request(
         )
     layers = (from_params, dict(dialect_sampling or {}), from_tensor)
     sampling = build_sampling(*layers)
-    if returns.logprobs and sampling.logprobs is None:
+    if logprobs and sampling.logprobs is None:
         sampling = build_sampling(*layers, {"logprobs": 0})
-
-    return GenerateRequest(
-        prompt=prompt,
-        messages=messages,
-        prompt_ids=prompt_ids,
-        stream=stream,
-        prepend_input=prepend_input,
-        sampling=sampling,
-        returns=returns,
-    )
+    return sampling

@@ -1,8 +1,10 @@
 """Exact text deltas for engines whose native output is token ids.
 
-vLLM and TensorRT-LLM detokenize and match stop strings themselves; llama.cpp hands
-back one token at a time, as raw bytes. :class:`TextStream` turns those bytes into
-text deltas with the same guarantees the other engines give:
+vLLM detokenizes and matches stop strings itself. TensorRT-LLM detokenizes, but its
+adapter matches stop strings on the text with :class:`StopStringMatcher` (the engine
+trims a stop string only at the end of a stream, and matches on token ids). llama.cpp
+hands back one token at a time, as raw bytes: :class:`TextStream` turns those bytes
+into text deltas. Either way the client gets the same guarantees:
 
 * a multi-byte UTF-8 character split across tokens is emitted whole, once complete
   (an incomplete tail at the end of generation becomes U+FFFD, as in vLLM);

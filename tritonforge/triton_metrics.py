@@ -93,6 +93,7 @@ class TritonMetrics:
 
         Left to interpreter shutdown, a MetricFamily is destroyed after the stub's shared
         memory is gone and the stub segfaults on its way out (python backend 24.10).
+        Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md.
         """
         for name in list(vars(self)):
             if name != "_families":

@@ -1,7 +1,12 @@
-// The part of the Triton server / backend C API this backend calls, declared here because
-// no package ships Triton's headers. Handles are opaque; enums are passed as the 32-bit
-// integers the documented C enums are. Values below are the documented enumerator
-// positions (TRITONBACKEND API 1.19, server 2.51).
+// The part of the Triton server / backend C API this backend uses, declared here because
+// no package ships Triton's headers (and the project does not copy them in). Handles are
+// opaque; enums are passed as the 32-bit integers the C enums are.
+//
+// Every declaration and value below is checked against the pinned release (Triton 2.51,
+// core tag r24.10; TRITONBACKEND API 1.19): triton_api.reference.json records what that
+// release publishes, and api_check.py compiles static_asserts comparing the two
+// (tests/tokenizer/test_triton_api.py; CMake -DTRITONFORGE_BUILD_TESTS=ON). Declare
+// something new here, or change anything, and the reference must say the same.
 #pragma once
 
 #include <cstddef>
@@ -88,6 +93,15 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
     TRITONBACKEND_ModelInstance* instance, std::uint64_t batch_size, std::uint64_t exec_start_ns,
     std::uint64_t compute_start_ns, std::uint64_t compute_end_ns, std::uint64_t exec_end_ns);
+
+// Entry points Triton calls, defined in backend.cpp (declared here so that their
+// signatures are checked with the rest).
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend);
+TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model);
+TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                       TRITONBACKEND_Request** requests,
+                                                       std::uint32_t request_count);
 
 }  // extern "C"
 

@@ -6,6 +6,9 @@ streams (in 24.10 even ``async_exec`` hands back a plain iterator), so running i
 Triton's thread would serialise all clients. ``finalize`` cancels what is in flight
 through the :class:`~tritonforge.cancellation.CancelBoard` and waits for every thread,
 so an unload returns promptly and leaves no BLS request behind.
+
+Triton 2.51 workarounds W1 (the board) and W4 (a thread per request), see
+docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ class _Outbox:
             output_tensors=[pb_utils.Tensor(k, v) for k, v in (tensors or {}).items()]
         )
 
-    def send(self, tensors: dict[str, np.ndarray], error: None = None) -> None:
+    def send(self, tensors: dict[str, np.ndarray]) -> None:
         if not self._closed:
-            self._sender.send(self._response(tensors, error))
+            self._sender.send(self._response(tensors, None))
 
     def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
         if self._closed:
@@ -93,7 +96,7 @@ class TritonPythonModel:
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.inner_model = parameters.get("llm_model", "vllm_model")
         self.max_inflight = int(parameters.get("max_inflight", "64"))
-        self.board = CancelBoard()
+        self.board = CancelBoard()  # Triton 2.51 workaround W1
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Thread] = {}
         self._closing = False
@@ -140,7 +143,7 @@ class TritonPythonModel:
                     GuardedChat(
                         parsed,
                         guarded,
-                        f"guarded_chat-{uuid.uuid4().hex}",
+                        f"guarded_chat-{uuid.uuid4().hex}",  # for the board: workaround W1
                         self.board,
                         self.inner_model,
                     ),
@@ -153,6 +156,7 @@ class TritonPythonModel:
         return None
 
     def _start(self, chat: GuardedChat, outbox: _Outbox) -> None:
+        # Triton 2.51 workaround W4, see docs/triton-2.51-workarounds.md
         with self._lock:
             if self._closing:
                 raise EngineBusy("guarded_chat is unloading; no new requests are accepted")
@@ -185,7 +189,7 @@ class TritonPythonModel:
             self._closing = True
             inflight = dict(self._inflight)
         for request_id in inflight:
-            self.board.cancel(request_id)
+            self.board.cancel(request_id)  # Triton 2.51 workaround W1
         for thread in inflight.values():
             thread.join(timeout=20)
         self.board.tidy()
