@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tritonforge.bench.aiperf_driver import parse_records
 from tritonforge.bench.contract import Comparison, Sampling, Slo
-from tritonforge.bench.metrics import Percentiles, RequestRecord, percentile, summarize
+from tritonforge.bench.metrics import MeasuredRequest, Percentiles, percentile, summarize
 from tritonforge.bench.perf_analyzer_driver import input_data, parse_export
 from tritonforge.bench.results import TargetResult, compare
 from tritonforge.bench.server_metrics import delta, parse, per_request_ms
@@ -18,7 +18,7 @@ MS = 1_000_000
 
 
 def record(index: int, start_ms: float, ttft: float, e2e: float, tokens: int, ok: bool = True):
-    return RequestRecord(
+    return MeasuredRequest(
         index=index,
         start_ns=int(start_ms * MS),
         end_ns=int((start_ms + e2e) * MS),

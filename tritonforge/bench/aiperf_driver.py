@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.workload import BenchRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def aiperf_command(
 
 def parse_records(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """aiperf's ``profile_export.jsonl`` → records, profiling phase only.
 
     With ``exact_lengths`` (ignore_eos) the output count is the max_tokens sent, which
@@ -147,7 +147,7 @@ def parse_records(
         elif not ok:
             message = "no token received" if ttft is None else "cancelled"
         records.append(
-            RequestRecord(
+            MeasuredRequest(
                 index=request.index,
                 start_ns=int(meta["request_start_ns"]),
                 end_ns=int(meta.get("request_end_ns") or meta["request_start_ns"]),
@@ -172,7 +172,7 @@ def run_level(
     max_duration_s: float,
     seed: int,
     exact_lengths: bool,
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Run aiperf for one level and return its records; raise ToolError if it produced none."""
     artifacts.mkdir(parents=True, exist_ok=True)
     cmd = aiperf_command(

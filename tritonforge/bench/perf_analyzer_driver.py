@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tritonforge.bench.aiperf_driver import STARTUP_ALLOWANCE_S, ToolError, tool_binary
 from tritonforge.bench.contract import Sampling
-from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -62,7 +62,7 @@ def perf_analyzer_command(
 
 def parse_export(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Per-request timestamps → records; a request is matched to the workload by its prompt."""
     by_prompt = {r.prompt: r for r in requests}
     data = json.loads(export.read_text())
@@ -83,7 +83,7 @@ def parse_export(
             else:
                 tokens = chunks
             records.append(
-                RequestRecord(
+                MeasuredRequest(
                     index=request.index if request is not None else position,
                     start_ns=start,
                     end_ns=stamps[-1] if stamps else start,
@@ -105,7 +105,7 @@ def run_level(
     artifacts: Path,
     concurrency: int,
     max_duration_s: float,
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Run perf_analyzer for one level; raise ToolError if it produced no records."""
     artifacts.mkdir(parents=True, exist_ok=True)
     data = artifacts / "input_data.json"

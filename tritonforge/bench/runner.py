@@ -25,7 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
 from tritonforge.bench.environment import capture, tritonserver_version
-from tritonforge.bench.metrics import RequestRecord, summarize
+from tritonforge.bench.metrics import MeasuredRequest, summarize
 from tritonforge.bench.results import RunResult, TargetResult, compare
 from tritonforge.bench.services import (
     Service,
@@ -234,7 +234,7 @@ class Runner:
 
     def drive(
         self, service: Service, target: Target, load: LevelLoad, artifacts: Path
-    ) -> list[RequestRecord]:
+    ) -> list[MeasuredRequest]:
         """One level (or the warm-up) with the target's tool; ToolError if it yields nothing."""
         contract = self.plan.contract
         warmup = load is self.plan.warmup
@@ -264,7 +264,7 @@ class Runner:
             exact_lengths=contract.sampling.ignore_eos,
         )
 
-    def record(self, result: TargetResult, level: float, records: list[RequestRecord]) -> None:
+    def record(self, result: TargetResult, level: float, records: list[MeasuredRequest]) -> None:
         metrics = summarize(level, records, self.plan.contract.slo)
         result.levels.append(metrics)
         colour = "green" if metrics.errors == 0 else "yellow"
@@ -363,7 +363,7 @@ class Runner:
         result.startup_s = data["startup_s"]
         result.notes += data["notes"]
         for level in data["levels"]:
-            records = [RequestRecord(**r) for r in level["records"]]
+            records = [MeasuredRequest(**r) for r in level["records"]]
             if level["error"] and not records:
                 result.failed_levels[f"{level['level']:g}"] = level["error"]
             else:
