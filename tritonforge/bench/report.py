@@ -82,9 +82,19 @@ def _target_table(target: TargetResult, mode: str) -> list[str]:
             f"| {_fmt(m.goodput_rps, 2)} ({m.goodput_share:.0%}) | {m.errors}/{m.requests} "
             f"| {'✓' if m.slo_met else '✗'} |"
         )
-    for level, error in target.failed_levels.items():
-        first = error.splitlines()[0] if error else "failed"
+    for level, failure in target.failed_levels.items():
+        first = failure.error.splitlines()[0] if failure.error else "failed"
         lines.append(f"| {level} | failed: {first} |||||||||")
+    return lines
+
+
+def _failure_evidence(target: TargetResult) -> list[str]:
+    """The end of the tool's own output for each failed level, so the cause is in the report."""
+    lines: list[str] = []
+    for level, failure in target.failed_levels.items():
+        if failure.log_tail:
+            lines += [f"Level {level}, {failure.error}:", "", "```", failure.log_tail.strip()]
+            lines += ["```", ""]
     return lines
 
 
@@ -167,6 +177,7 @@ def render(result: RunResult, plots: list[Path]) -> str:
             out += ["```", target.error.strip()[-1200:], "```", ""]
         if target.levels or target.failed_levels:
             out += [*_target_table(target, result.load_mode), ""]
+        out += _failure_evidence(target)
         out += [f"- {note}" for note in target.notes]
         if target.notes:
             out.append("")

@@ -26,13 +26,14 @@ from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metric
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
 from tritonforge.bench.environment import capture, tritonserver_version
 from tritonforge.bench.metrics import MeasuredRequest, summarize
-from tritonforge.bench.results import RunResult, TargetResult, compare
+from tritonforge.bench.results import LevelFailure, RunResult, TargetResult, compare
 from tritonforge.bench.services import (
     Service,
     TritonService,
     load_engine_settings,
     service_for,
 )
+from tritonforge.bench.tools import ToolError
 from tritonforge.bench.workload import (
     BenchRequest,
     PromptBuilder,
@@ -209,7 +210,7 @@ class Runner:
             self.step(f"{target.name}: warm-up")
             try:
                 self.drive(service, target, self.plan.warmup, scratch / "warmup")
-            except aiperf_driver.ToolError as error:
+            except ToolError as error:
                 self.say(f"[red]✗ {target.name}: warm-up failed[/]")
                 result.status, result.error = "failed", f"warm-up failed: {error}"
                 self.step(target.name, advance=len(self.plan.levels))
@@ -219,9 +220,11 @@ class Runner:
             before = server_metrics.parse(service.metrics_text() or "", target.model)
             try:
                 records = self.drive(service, target, load, scratch / f"level-{load.level:g}")
-            except aiperf_driver.ToolError as error:
-                result.failed_levels[f"{load.level:g}"] = str(error)
-                self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {str(error).splitlines()[0]}")
+            except ToolError as error:
+                result.failed_levels[f"{load.level:g}"] = LevelFailure(
+                    error=error.reason, exit_code=error.exit_code, log_tail=error.log_tail
+                )
+                self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {error.reason}")
                 self.step(target.name, advance=1)
                 continue
             after = server_metrics.parse(service.metrics_text() or "", target.model)
@@ -240,7 +243,7 @@ class Runner:
         warmup = load is self.plan.warmup
         if target.tool == "perf_analyzer":
             if not isinstance(service, TritonService):
-                raise aiperf_driver.ToolError("perf_analyzer needs a Triton target")
+                raise ToolError("perf_analyzer needs a Triton target")
             return perf_analyzer_driver.run_level(
                 service.server.grpc_url,
                 str(target.model),
@@ -365,7 +368,7 @@ class Runner:
         for level in data["levels"]:
             records = [MeasuredRequest(**r) for r in level["records"]]
             if level["error"] and not records:
-                result.failed_levels[f"{level['level']:g}"] = level["error"]
+                result.failed_levels[f"{level['level']:g}"] = LevelFailure(error=level["error"])
             else:
                 if level["error"]:
                     result.notes.append(f"level {level['level']:g}: {level['error']}")
