@@ -88,7 +88,7 @@ def assemble_backend_dir(target: Path | None = None) -> Path:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the server and its stubs need (see ../shared/ENVIRONMENT.md)."""
+    """The environment the server, its stubs and their engines need (each setting says why)."""
     env = dict(base if base is not None else os.environ)
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])

@@ -55,7 +55,8 @@ def perf_analyzer_command(
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--request-count", str(count),
         "--profile-export-file", str(export),
-        # Two cores: the default 10 % stability band is never reached (ENVIRONMENT.md).
+        # Two cores: latency between windows varies more than the default 10 %
+        # stability band allows, so perf_analyzer would never settle.
         "-s", "50",
     ]  # fmt: skip
 
