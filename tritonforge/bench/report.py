@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritonforge.bench.environment import describe_machine
 from tritonforge.bench.results import ComparisonResult, RunResult, TargetResult
 from tritonforge.bench.server_metrics import per_request_ms
 
@@ -153,9 +154,7 @@ def render(result: RunResult, plots: list[Path]) -> str:
         "",
         "## Setup",
         "",
-        f"- machine: {env.machine.cpu_model}, {env.machine.cores} cores, "
-        f"{env.machine.ram_gib:g} GiB RAM, "
-        f"{env.machine.os}",
+        f"- machine: {describe_machine(env.machine)}",
         f"- git commit `{env.git_commit[:12]}`"
         + (" (with uncommitted changes)" if env.git_dirty else ""),
         f"- model `{env.model.name}` sha256 `{env.model.sha256[:16]}…`",
