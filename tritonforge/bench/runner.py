@@ -180,7 +180,7 @@ class Runner:
         try:
             service.start()
             service.wait_ready()
-        except (OSError, RuntimeError, TimeoutError) as error:
+        except (OSError, ValueError, RuntimeError, TimeoutError) as error:
             service.stop()
             self.say(f"[red]✗ {label}: server did not start[/]")
             return {t.name: self.failed(t, f"server did not start: {error}") for t in targets}

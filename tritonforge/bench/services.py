@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import requests
 
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, Target, TargetKind
+from tritonforge.engine_config import expand_env
 from tritonforge.launcher import REPO_ROOT, TritonServer, free_port, server_environment
 
 READY_TIMEOUT_S = 600.0
@@ -52,22 +52,19 @@ def _distinct_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def expand(value: Any, env: Mapping[str, str]) -> Any:
-    """Expand ``$VAR``/``${VAR}`` in strings (model.json names the model dir that way)."""
-    if isinstance(value, str):
-        return re.sub(
-            r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), m.group(0)), value
-        )
-    return value
-
-
 def load_engine_settings(path: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The engine arguments of a model.json, with environment variables expanded."""
+    """The engine arguments of a model.json, with environment variables expanded.
+
+    An unset variable is a ValueError naming it, as when the Triton model reads the file.
+    """
     env = env if env is not None else server_environment()
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "model" not in data:
         raise ValueError(f"{path}: expected a JSON object of vLLM engine arguments with 'model'")
-    return {key: expand(value, env) for key, value in data.items()}
+    return {
+        key: expand_env(value, env) if isinstance(value, str) else value
+        for key, value in data.items()
+    }
 
 
 def engine_cli_flags(settings: Mapping[str, Any]) -> list[str]:
