@@ -301,7 +301,7 @@ class Runner:
     # --- offline ceiling ---------------------------------------------------------------
 
     def run_offline(self, target: Target) -> TargetResult:
-        contract = self.plan.contract
+        """vLLM's engine without a server over every level, in one subprocess: the ceiling."""
         result = TargetResult(
             name=target.name,
             kind=target.kind.value,
@@ -309,18 +309,34 @@ class Runner:
             status="ok",
             load_average_1m=os.getloadavg()[0],
         )
-        if contract.load.mode != "concurrency":
+        if self.plan.contract.load.mode != "concurrency":
             result.status, result.error = "failed", "the offline ceiling needs concurrency levels"
             self.step(target.name, advance=len(self.plan.levels))
             return result
         work = self.plan.scratch / target.name
         work.mkdir(parents=True, exist_ok=True)
         try:
-            settings = load_engine_settings(REPO_ROOT / str(target.engine_config))
+            job = self.offline_job(target)
         except (OSError, ValueError) as error:
             return self.failed(target, f"engine settings: {error}")
-        job = {
-            "engine_settings": settings,
+        job_path, out_path = work / "job.json", work / "records.json"
+        job_path.write_text(json.dumps(job))
+        log = self.plan.run_dir / "logs" / f"{target.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
+        code = self.run_offline_engine(job_path, out_path, log)
+        if code != 0 or not out_path.is_file():
+            tail = log.read_text(errors="replace")[-1500:]
+            why = "timed out" if code is None else f"exited with code {code}"
+            return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
+        self.record_offline(result, json.loads(out_path.read_text()))
+        return self.settle(result)
+
+    def offline_job(self, target: Target) -> dict:
+        """What ``tritonforge.bench.offline`` runs: engine settings, sampling, workload files."""
+        contract = self.plan.contract
+        return {
+            "engine_settings": load_engine_settings(REPO_ROOT / str(target.engine_config)),
             "sampling": contract.sampling.model_dump(),
             "warmup": str(self.plan.warmup.workload) if self.plan.warmup else None,
             "max_duration_s": contract.load.max_duration_s,
@@ -328,12 +344,10 @@ class Runner:
                 {"level": lv.level, "workload": str(lv.workload)} for lv in self.plan.levels
             ],
         }
-        job_path, out_path = work / "job.json", work / "records.json"
-        job_path.write_text(json.dumps(job))
-        log = self.plan.run_dir / "logs" / f"{target.name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
-        timeout = OFFLINE_STARTUP_ALLOWANCE_S + contract.load.max_duration_s * (
+
+    def run_offline_engine(self, job_path: Path, out_path: Path, log: Path) -> int | None:
+        """Run the job in its own session; its exit code, or None if it outran its time."""
+        timeout = OFFLINE_STARTUP_ALLOWANCE_S + self.plan.contract.load.max_duration_s * (
             len(self.plan.levels) + 1
         )
         try:
@@ -355,14 +369,12 @@ class Runner:
                     check=False,
                     start_new_session=True,
                 )
-            code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            code = None
-        if code != 0 or not out_path.is_file():
-            tail = log.read_text(errors="replace")[-1500:]
-            why = "timed out" if code is None else f"exited with code {code}"
-            return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
-        data = json.loads(out_path.read_text())
+            return None
+        return proc.returncode
+
+    def record_offline(self, result: TargetResult, data: dict) -> None:
+        """The offline run's output: a level with records is measured, one without failed."""
         result.startup_s = data["startup_s"]
         result.notes += data["notes"]
         for level in data["levels"]:
@@ -373,8 +385,7 @@ class Runner:
                 if level["error"]:
                     result.notes.append(f"level {level['level']:g}: {level['error']}")
                 self.record(result, level["level"], records)
-            self.step(target.name, advance=1)
-        return self.settle(result)
+            self.step(result.name, advance=1)
 
 
 def run_contract(
