@@ -152,17 +152,23 @@ AIPERF_RECORD = {
 }
 
 
-def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def plan_for(tmp_path: Path) -> RunPlan:
+    """The smoke contract at levels 1 and 4, without warm-up, writing under ``tmp_path``."""
     contract, digest = load_contract(CONTRACT, ["load.warmup_requests=0"])
-    target = next(t for t in contract.targets if t.tool == "aiperf" and t.model)
     levels = [
         LevelLoad(lv, REQUESTS, tmp_path / "trace.jsonl", tmp_path / "w.json") for lv in (1, 4)
     ]
-    plan = RunPlan(
+    return RunPlan(
         contract, CONTRACT, digest, [], tmp_path, tmp_path / "run", tmp_path, levels, None
     )
+
+
+def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_for(tmp_path)
+    contract, digest = plan.contract, plan.contract_sha256
+    target = next(t for t in contract.targets if t.tool == "aiperf" and t.model)
     calls: list[float] = []
     real_drive = Runner.drive
 
@@ -209,3 +215,22 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
     text = report.render(run, [])
     assert "| 1 | failed: aiperf exited with code 1" in text
     assert "connection refused" in text
+
+
+def test_an_offline_engine_with_unreadable_output_fails_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_for(tmp_path)
+    target = next(t for t in plan.contract.targets if t.kind.value == "vllm_offline")
+
+    def engine(self, job_path: Path, out_path: Path, log: Path) -> int:
+        out_path.write_text("")  # exit 0, but nothing usable written
+        log.write_text("engine: out of memory\n")
+        return 0
+
+    monkeypatch.setattr(Runner, "offline_job", lambda self, target: {})
+    monkeypatch.setattr(Runner, "run_offline_engine", engine)
+    result = Runner(plan, Console(file=io.StringIO())).run_offline(target)
+    assert result.status == "failed"
+    assert "unreadable records.json (JSONDecodeError" in result.error
+    assert "out of memory" in result.error

@@ -325,12 +325,16 @@ class Runner:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
         code = self.run_offline_engine(job_path, out_path, log)
-        if code != 0 or not out_path.is_file():
-            tail = log.read_text(errors="replace")[-1500:]
+        if code == 0 and out_path.is_file():
+            try:
+                self.record_offline(result, json.loads(out_path.read_text()))
+                return self.settle(result)
+            except (ValueError, KeyError, TypeError) as error:
+                why = f"wrote an unreadable {out_path.name} ({type(error).__name__}: {error})"
+        else:
             why = "timed out" if code is None else f"exited with code {code}"
-            return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
-        self.record_offline(result, json.loads(out_path.read_text()))
-        return self.settle(result)
+        tail = log.read_text(errors="replace")[-1500:]
+        return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
 
     def offline_job(self, target: Target) -> dict:
         """What ``tritonforge.bench.offline`` runs: engine settings, sampling, workload files."""
