@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import TritonServer, free_ports
+from tritonforge.launcher import TritonServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,16 +27,12 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         http, grpc, metrics = (int(p) for p in attach.split(","))
         yield TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics)
         return
-    http, grpc, metrics = free_ports(3)
     log = Path(
         os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log")
     )
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
     # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
-    server = TritonServer(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
+    server = TritonServer.on_free_ports(
         log_path=log,
         models=only.split(",") if only else None,
         extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),

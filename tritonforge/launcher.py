@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -200,6 +201,12 @@ class TritonServer:
     log_path: Path | None = None
     host: str = "127.0.0.1"
     process: subprocess.Popen | None = field(default=None, init=False)
+
+    @classmethod
+    def on_free_ports(cls, **settings: Any) -> TritonServer:
+        """A server on three distinct free ports, never the 8000-8002 a developer may use."""
+        http, grpc, metrics = free_ports(3)
+        return cls(http_port=http, grpc_port=grpc, metrics_port=metrics, **settings)
 
     @property
     def http_url(self) -> str:

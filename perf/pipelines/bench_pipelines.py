@@ -41,7 +41,7 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launcher import REPO_ROOT, TritonServer, free_ports
+from tritonforge.launcher import REPO_ROOT, TritonServer
 from tritonforge.model_store import ensure_default_model
 
 MODELS = ("vllm_model", "ensemble_vllm", "ensemble_vllm_py")
@@ -269,11 +269,7 @@ def main() -> int:
         "rounds": args.rounds,
         "client": "tritonclient gRPC stream",
     }
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
+    server = TritonServer.on_free_ports(
         models=list(SERVED),
         log_path=Path(tempfile.gettempdir()) / f"tritonforge-bench-pipelines-{stamp}.log",
     )

@@ -34,7 +34,7 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer, free_ports
+from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
@@ -180,14 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": {str(t): python_encode_speed(p, hf, ours) for t, p in prompts.items()},
         "server": {},
     }
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        models=list(MODELS),
-        log_path=run_dir / "server.log",
-    )
+    server = TritonServer.on_free_ports(models=list(MODELS), log_path=run_dir / "server.log")
     server.start()
     try:
         server.wait_ready(300)

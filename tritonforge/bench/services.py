@@ -31,7 +31,6 @@ from tritonforge.launcher import (
     REPO_ROOT,
     TritonServer,
     free_port,
-    free_ports,
     server_environment,
     stop_session,
 )
@@ -112,14 +111,7 @@ class TritonService:
     server: TritonServer = field(init=False)
 
     def __post_init__(self) -> None:
-        http, grpc, metrics = free_ports(3)
-        self.server = TritonServer(
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            models=list(self.models),
-            log_path=self.log_path,
-        )
+        self.server = TritonServer.on_free_ports(models=list(self.models), log_path=self.log_path)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
