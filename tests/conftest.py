@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import TritonServer, free_port
+from tritonforge.launcher import TritonServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
-
-
-def _distinct_ports(count: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
 
 
 @pytest.fixture(scope="session")
@@ -34,16 +27,12 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         http, grpc, metrics = (int(p) for p in attach.split(","))
         yield TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics)
         return
-    http, grpc, metrics = _distinct_ports(3)
     log = Path(
         os.environ.get("TRITONFORGE_TEST_LOG", tmp_path_factory.mktemp("triton") / "server.log")
     )
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
     # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
-    server = TritonServer(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
+    server = TritonServer.on_free_ports(
         log_path=log,
         models=only.split(",") if only else None,
         extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),

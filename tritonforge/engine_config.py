@@ -10,11 +10,32 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+_VARIABLE = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
+
+
+def expand_env(value: str, env: Mapping[str, str] | None = None) -> str:
+    """Expand ``$VAR`` and ``${VAR}`` from ``env`` (the process environment by default).
+
+    The project's one expansion rule, for every Python reader of a model's settings.
+    An unset variable is an error that names it: ``os.path.expandvars`` would keep
+    ``$VAR`` in the text, and the failure would surface later as a path that is not there.
+    """
+    source = os.environ if env is None else env
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in source:
+            raise ValueError(f"environment variable {name} (used in {value!r}) is not set")
+        return source[name]
+
+    return _VARIABLE.sub(lookup, value)
 
 
 def load_engine_config(version_dir: Path, filename: str) -> dict[str, Any]:
@@ -32,10 +53,7 @@ def load_engine_config(version_dir: Path, filename: str) -> dict[str, Any]:
 
 
 def resolve_path(value: str, base: Path) -> str:
-    expanded = os.path.expandvars(value)
-    if "$" in expanded:
-        raise ValueError(f"path {value!r} names an environment variable that is not set")
-    path = Path(expanded).expanduser()
+    path = Path(expand_env(value)).expanduser()
     if not path.is_absolute() and (base / path).exists():
         path = base / path
     return str(path)

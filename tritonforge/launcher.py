@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -88,7 +89,7 @@ def assemble_backend_dir(target: Path | None = None) -> Path:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the server and its stubs need (see ../shared/ENVIRONMENT.md)."""
+    """The environment the server, its stubs and their engines need (each setting says why)."""
     env = dict(base if base is not None else os.environ)
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
@@ -141,6 +142,52 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: asked one at a time, the OS may hand out one twice."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+def session_processes(leader_pid: int) -> list[psutil.Process]:
+    """Every live process in the session a ``start_new_session`` child leads."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(proc.pid) == leader_pid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def stop_session(
+    process: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S, *, signal_group: bool = False
+) -> int | None:
+    """SIGTERM a session leader, wait for it, then SIGKILL whatever is left of its session.
+
+    tritonserver takes SIGTERM alone and stops its stubs itself (they finalise their
+    models); ``signal_group`` sends it to the whole process group instead, for servers
+    whose workers must hear it directly (vLLM's engine core).
+    """
+    if signal_group or process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            if signal_group:
+                os.killpg(process.pid, signal.SIGTERM)
+            else:
+                process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    leftovers = session_processes(process.pid)
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+    return process.returncode
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process group: start, wait until ready, stop without leftovers."""
@@ -154,6 +201,12 @@ class TritonServer:
     log_path: Path | None = None
     host: str = "127.0.0.1"
     process: subprocess.Popen | None = field(default=None, init=False)
+
+    @classmethod
+    def on_free_ports(cls, **settings: Any) -> TritonServer:
+        """A server on three distinct free ports, never the 8000-8002 a developer may use."""
+        http, grpc, metrics = free_ports(3)
+        return cls(http_port=http, grpc_port=grpc, metrics_port=metrics, **settings)
 
     @property
     def http_url(self) -> str:
@@ -221,33 +274,11 @@ class TritonServer:
 
     def group_processes(self) -> list[psutil.Process]:
         """Every live process in the server's session (server, stubs, engine workers)."""
-        if self.process is None:
-            return []
-        sid = self.process.pid
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error, ProcessLookupError):
-                if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-        return found
+        return session_processes(self.process.pid) if self.process is not None else []
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM the server (it unloads models, stubs finalise), then kill what remains."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        leftovers = self.group_processes()
-        for proc in leftovers:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(leftovers, timeout=10)
-        return self.process.returncode
+        return stop_session(self.process, timeout_s) if self.process is not None else None
 
     def __enter__(self) -> TritonServer:
         self.start()

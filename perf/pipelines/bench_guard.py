@@ -21,7 +21,7 @@ import timeit
 from pathlib import Path
 
 from tritonforge.guard import StreamGuard, redact
-from tritonforge.launcher import REPO_ROOT, TritonServer, free_port
+from tritonforge.launcher import REPO_ROOT, TritonServer
 
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
 SERVER_COLUMNS = (
@@ -84,10 +84,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.json"
         data.write_text(json.dumps({"data": [{"text_input": {"content": [CHAT], "shape": [1]}}]}))
-        server = TritonServer(
-            http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-            models=["guard", "preprocessing"], log_path=Path(tmp) / "server.log",
-        )  # fmt: skip
+        server = TritonServer.on_free_ports(
+            models=["guard", "preprocessing"], log_path=Path(tmp) / "server.log"
+        )
         server.start()
         try:
             server.wait_ready()

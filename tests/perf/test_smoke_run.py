@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tritonforge.bench.aiperf_driver import BENCH_VENV
+from tritonforge.bench.environment import ISA_FLAGS
 from tritonforge.bench.runner import run_contract
+from tritonforge.bench.tools import BENCH_VENV
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -49,6 +50,7 @@ def test_smoke_contract_runs_end_to_end(tmp_path: Path) -> None:
     assert len(env["git_commit"]) == 40
     assert len(env["model"]["sha256"]) == 64
     assert env["machine"]["cores"] >= 1 and env["machine"]["ram_gib"] > 0
+    assert set(env["machine"]["isa_flags"]) == set(ISA_FLAGS)
     assert env["bench_versions"]["aiperf"] == "0.13.0"
     assert env["tritonserver"].startswith("triton 2.")
 

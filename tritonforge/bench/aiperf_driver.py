@@ -8,22 +8,14 @@ the workload by position, so a request's exact max_tokens is known for every rec
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
 from tritonforge.bench.workload import BenchRequest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BENCH_VENV = REPO_ROOT / ".venv-bench"
-STARTUP_ALLOWANCE_S = 90.0  # aiperf's own start-up (services, tokenizer) before the first request
-
-
-class ToolError(RuntimeError):
-    """The benchmark tool failed as a whole (not one request): the level has no result."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +29,6 @@ class HttpEndpoint:
     extra_inputs: dict[str, object] = field(default_factory=dict)
     payload_template: str | None = None
     response_field: str | None = None
-
-
-def tool_binary(name: str) -> Path:
-    binary = BENCH_VENV / "bin" / name
-    if not binary.exists():
-        raise ToolError(f"{binary} is missing: run scripts/setup_bench_venv.sh")
-    return binary
 
 
 def aiperf_command(
@@ -117,7 +102,7 @@ def aiperf_command(
 
 def parse_records(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """aiperf's ``profile_export.jsonl`` → records, profiling phase only.
 
     With ``exact_lengths`` (ignore_eos) the output count is the max_tokens sent, which
@@ -147,7 +132,7 @@ def parse_records(
         elif not ok:
             message = "no token received" if ttft is None else "cancelled"
         records.append(
-            RequestRecord(
+            MeasuredRequest(
                 index=request.index,
                 start_ns=int(meta["request_start_ns"]),
                 end_ns=int(meta.get("request_end_ns") or meta["request_start_ns"]),
@@ -172,36 +157,19 @@ def run_level(
     max_duration_s: float,
     seed: int,
     exact_lengths: bool,
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Run aiperf for one level and return its records; raise ToolError if it produced none."""
     artifacts.mkdir(parents=True, exist_ok=True)
     cmd = aiperf_command(
         endpoint, trace, artifacts, tokenizer, len(requests), mode, level, max_duration_s, seed
     )
     (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
-    log = artifacts / "aiperf.log"
-    started = time.monotonic()
-    with log.open("wb") as out:
-        try:
-            proc = subprocess.run(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=max_duration_s + STARTUP_ALLOWANCE_S,
-                cwd=artifacts,
-                check=False,
-            )
-            code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    export = artifacts / "profile_export.jsonl"
-    records = parse_records(export, requests, exact_lengths) if export.is_file() else []
-    if not records:
-        tail = log.read_text(errors="replace")[-1500:]
-        why = "timed out" if code is None else f"exited with code {code}"
-        raise ToolError(
-            f"aiperf {why} after {time.monotonic() - started:.0f} s with no records; "
-            f"log tail:\n{tail}"
-        )
-    return records
+    run = run_tool(
+        "aiperf",
+        cmd,
+        artifacts / "aiperf.log",
+        timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
+        cwd=artifacts,
+    )
+    parse = partial(parse_records, requests=requests, exact_lengths=exact_lengths)
+    return read_records(run, artifacts / "profile_export.jsonl", parse)

@@ -1,7 +1,7 @@
 """Per-request timings → the numbers a contract is judged by.
 
 Every driver (aiperf against a server, the offline engine loop) reduces its output to
-:class:`RequestRecord` objects, and only this module turns records into percentiles,
+:class:`MeasuredRequest` objects, and only this module turns records into percentiles,
 throughput and goodput. One definition for every target is what makes the columns of
 the report comparable.
 
@@ -26,8 +26,12 @@ from tritonforge.bench.contract import Slo
 
 
 @dataclass
-class RequestRecord:
-    """What one request did, in the units every driver can provide."""
+class MeasuredRequest:
+    """What one benchmark request did, as the driver that sent it measured it.
+
+    Client-side numbers only; the server's own per-request record is
+    :class:`tritonforge.runtime.RequestRecord`, a different thing.
+    """
 
     index: int
     start_ns: int
@@ -99,7 +103,7 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return float(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
 
 
-def meets_slo(record: RequestRecord, slo: Slo) -> bool:
+def meets_slo(record: MeasuredRequest, slo: Slo) -> bool:
     """A request counts toward goodput only if it succeeded within both bounds."""
     if not record.ok or record.ttft_ms is None or record.ttft_ms > slo.ttft_p95_ms:
         return False
@@ -107,7 +111,7 @@ def meets_slo(record: RequestRecord, slo: Slo) -> bool:
     return tpot is None or tpot <= slo.tpot_p95_ms
 
 
-def summarize(level: float, records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
+def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> LevelMetrics:
     """Aggregate one level's records; failed requests count in errors, not in latency."""
     if not records:
         raise ValueError(f"no records for level {level:g}")

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.workload import BenchRequest, read_workload
 
 
@@ -35,15 +35,15 @@ def engine_kwargs(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def closed_loop(
     engine: Any, requests: list[BenchRequest], concurrency: int, sampling: dict
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Keep ``concurrency`` requests in flight until all are done; time every token."""
     from vllm import SamplingParams
 
     pending = list(reversed(requests))
-    live: dict[str, RequestRecord] = {}
+    live: dict[str, MeasuredRequest] = {}
     seen_tokens: dict[str, int] = {}
     last_token_ns: dict[str, int] = {}
-    done: list[RequestRecord] = []
+    done: list[MeasuredRequest] = []
 
     def admit() -> None:
         while pending and len(live) < concurrency:
@@ -51,7 +51,7 @@ def closed_loop(
             rid = f"r{request.index}"
             params = SamplingParams(max_tokens=request.output_tokens, **sampling)
             now = time.perf_counter_ns()
-            live[rid] = RequestRecord(index=request.index, start_ns=now, end_ns=now, ok=False)
+            live[rid] = MeasuredRequest(index=request.index, start_ns=now, end_ns=now, ok=False)
             seen_tokens[rid] = 0
             engine.add_request(rid, request.prompt, params)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
-from tritonforge.bench.aiperf_driver import STARTUP_ALLOWANCE_S, ToolError, tool_binary
 from tritonforge.bench.contract import Sampling
-from tritonforge.bench.metrics import RequestRecord
+from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -55,17 +55,20 @@ def perf_analyzer_command(
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--request-count", str(count),
         "--profile-export-file", str(export),
-        # Two cores: the default 10 % stability band is never reached (ENVIRONMENT.md).
+        # Two cores: latency between windows varies more than the default 10 %
+        # stability band allows, so perf_analyzer would never settle.
         "-s", "50",
     ]  # fmt: skip
 
 
 def parse_export(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Per-request timestamps → records; a request is matched to the workload by its prompt."""
     by_prompt = {r.prompt: r for r in requests}
     data = json.loads(export.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     records = []
     for experiment in data.get("experiments", []):
         for position, item in enumerate(experiment.get("requests", [])):
@@ -83,7 +86,7 @@ def parse_export(
             else:
                 tokens = chunks
             records.append(
-                RequestRecord(
+                MeasuredRequest(
                     index=request.index if request is not None else position,
                     start_ns=start,
                     end_ns=stamps[-1] if stamps else start,
@@ -105,7 +108,7 @@ def run_level(
     artifacts: Path,
     concurrency: int,
     max_duration_s: float,
-) -> list[RequestRecord]:
+) -> list[MeasuredRequest]:
     """Run perf_analyzer for one level; raise ToolError if it produced no records."""
     artifacts.mkdir(parents=True, exist_ok=True)
     data = artifacts / "input_data.json"
@@ -115,22 +118,11 @@ def run_level(
     concurrency = min(concurrency, len(requests))
     cmd = perf_analyzer_command(grpc_url, model, data, export, concurrency, len(requests))
     (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
-    log = artifacts / "perf_analyzer.log"
-    with log.open("wb") as out:
-        try:
-            code: int | None = subprocess.run(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=max_duration_s + STARTUP_ALLOWANCE_S,
-                check=False,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    records = parse_export(export, requests, sampling.ignore_eos) if export.is_file() else []
-    if not records:
-        why = "timed out" if code is None else f"exited with code {code}"
-        tail = log.read_text(errors="replace")[-1500:]
-        raise ToolError(f"perf_analyzer {why} with no records; log tail:\n{tail}")
-    return records
+    run = run_tool(
+        "perf_analyzer",
+        cmd,
+        artifacts / "perf_analyzer.log",
+        timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
+    )
+    parse = partial(parse_export, requests=requests, exact_lengths=sampling.ignore_eos)
+    return read_records(run, export, parse)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritonforge.bench.environment import Environment, describe_machine
 from tritonforge.bench.results import ComparisonResult, RunResult, TargetResult
 from tritonforge.bench.server_metrics import per_request_ms
 
@@ -82,9 +83,19 @@ def _target_table(target: TargetResult, mode: str) -> list[str]:
             f"| {_fmt(m.goodput_rps, 2)} ({m.goodput_share:.0%}) | {m.errors}/{m.requests} "
             f"| {'✓' if m.slo_met else '✗'} |"
         )
-    for level, error in target.failed_levels.items():
-        first = error.splitlines()[0] if error else "failed"
+    for level, failure in target.failed_levels.items():
+        first = failure.error.splitlines()[0] if failure.error else "failed"
         lines.append(f"| {level} | failed: {first} |||||||||")
+    return lines
+
+
+def _failure_evidence(target: TargetResult) -> list[str]:
+    """The end of the tool's own output for each failed level, so the cause is in the report."""
+    lines: list[str] = []
+    for level, failure in target.failed_levels.items():
+        if failure.log_tail:
+            lines += [f"Level {level}, {failure.error}:", "", "```", failure.log_tail.strip()]
+            lines += ["```", ""]
     return lines
 
 
@@ -118,12 +129,24 @@ def _breakdown(result: RunResult) -> list[str]:
     return lines
 
 
-def render(result: RunResult, plots: list[Path]) -> str:
-    env = result.environment
+DEFINITIONS = [
+    "## Definitions",
+    "",
+    "TTFT = request start → first streamed token. TPOT = (e2e − TTFT) / (output tokens − 1). "
+    "ITL = gaps between streamed chunks. Output tok/s = output tokens of successful requests / "
+    "level wall time. Goodput = requests meeting both SLO bounds per second. Output counts are "
+    "the max_tokens sent when the contract sets `ignore_eos` (the engine generates exactly "
+    "that).",
+    "",
+]
+
+
+def _contract_summary(result: RunResult) -> list[str]:
+    """Title, then what was asked: the contract, its SLO, load and traffic."""
     c = result.contract
-    slo = c["slo"]
-    levels = c["load"]["concurrency"] or c["load"]["request_rates"]
-    out = [
+    slo, load, traffic = c["slo"], c["load"], c["traffic"]
+    levels = load["concurrency"] or load["request_rates"]
+    return [
         f"# Benchmark report: `{result.contract_name}`",
         "",
         f"Contract `{result.contract_path}` (sha256 `{result.contract_sha256[:12]}`)"
@@ -132,20 +155,24 @@ def render(result: RunResult, plots: list[Path]) -> str:
         "",
         f"SLO: TTFT p95 ≤ {slo['ttft_p95_ms']:g} ms, TPOT p95 ≤ {slo['tpot_p95_ms']:g} ms, "
         f"errors ≤ {slo['error_budget']:.1%}. Load: {result.load_mode} "
-        f"{', '.join(f'{lv:g}' for lv in levels)}, {c['load']['requests_per_level']} requests "
-        f"per level (at least {c['load'].get('requests_per_concurrency', 0)} per unit of "
-        f"concurrency) after {c['load']['warmup_requests']} warm-up.",
+        f"{', '.join(f'{lv:g}' for lv in levels)}, {load['requests_per_level']} requests "
+        f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
+        f"concurrency) after {load['warmup_requests']} warm-up.",
         "",
         "Traffic: "
-        + "; ".join(f"{cls['name']} {cls['share']:.0%}" for cls in c["traffic"]["classes"])
-        + f"; shared prefix on {c['traffic']['shared_prefix']['share']:.0%} of requests "
-        f"({c['traffic']['shared_prefix']['tokens']} tokens).",
+        + "; ".join(f"{cls['name']} {cls['share']:.0%}" for cls in traffic["classes"])
+        + f"; shared prefix on {traffic['shared_prefix']['share']:.0%} of requests "
+        f"({traffic['shared_prefix']['tokens']} tokens).",
         "",
+    ]
+
+
+def _setup(env: Environment) -> list[str]:
+    """Where the numbers come from: machine, code, model and versions."""
+    return [
         "## Setup",
         "",
-        f"- machine: {env.machine.cpu_model}, {env.machine.cores} cores, "
-        f"{env.machine.ram_gib:g} GiB RAM, "
-        f"{env.machine.os}",
+        f"- machine: {describe_machine(env.machine)}",
         f"- git commit `{env.git_commit[:12]}`"
         + (" (with uncommitted changes)" if env.git_dirty else ""),
         f"- model `{env.model.name}` sha256 `{env.model.sha256[:16]}…`",
@@ -153,23 +180,31 @@ def render(result: RunResult, plots: list[Path]) -> str:
         + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items()),
         "- benchmark venv: " + ", ".join(f"{k} {v}" for k, v in env.bench_versions.items()),
         "",
-        "## Targets",
-        "",
     ]
-    for target in result.targets:
-        status = {"ok": "ok", "partial": "**partial**", "failed": "**FAILED**"}[target.status]
-        start = f", ready in {target.startup_s:.0f} s" if target.startup_s is not None else ""
-        if target.load_average_1m is not None:
-            start += f", load average {target.load_average_1m:.2f} before measuring"
-        model = f" `{target.model}`" if target.model else ""
-        out += [f"### {target.name} ({target.kind}{model}, {target.tool}) — {status}{start}", ""]
-        if target.error:
-            out += ["```", target.error.strip()[-1200:], "```", ""]
-        if target.levels or target.failed_levels:
-            out += [*_target_table(target, result.load_mode), ""]
-        out += [f"- {note}" for note in target.notes]
-        if target.notes:
-            out.append("")
+
+
+def _target_section(target: TargetResult, mode: str) -> list[str]:
+    """One target: status line, its error, its table, failed levels' evidence, notes."""
+    status = {"ok": "ok", "partial": "**partial**", "failed": "**FAILED**"}[target.status]
+    start = f", ready in {target.startup_s:.0f} s" if target.startup_s is not None else ""
+    if target.load_average_1m is not None:
+        start += f", load average {target.load_average_1m:.2f} before measuring"
+    model = f" `{target.model}`" if target.model else ""
+    out = [f"### {target.name} ({target.kind}{model}, {target.tool}) — {status}{start}", ""]
+    if target.error:
+        out += ["```", target.error.strip()[-1200:], "```", ""]
+    if target.levels or target.failed_levels:
+        out += [*_target_table(target, mode), ""]
+    out += _failure_evidence(target)
+    out += [f"- {note}" for note in target.notes]
+    if target.notes:
+        out.append("")
+    return out
+
+
+def _analysis(result: RunResult) -> list[str]:
+    """The comparisons the contract asks for and the server-side time breakdown, if any."""
+    out: list[str] = []
     if result.comparisons:
         out += [
             "## Targets of the issue (recorded, not asserted)",
@@ -188,18 +223,16 @@ def render(result: RunResult, plots: list[Path]) -> str:
             *breakdown,
             "",
         ]
+    return out
+
+
+def render(result: RunResult, plots: list[Path]) -> str:
+    out = [*_contract_summary(result), *_setup(result.environment), "## Targets", ""]
+    for target in result.targets:
+        out += _target_section(target, result.load_mode)
+    out += _analysis(result)
     out += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
-    out += [
-        "## Definitions",
-        "",
-        "TTFT = request start → first streamed token. TPOT = (e2e − TTFT) / (output tokens − 1). "
-        "ITL = gaps between streamed chunks. Output tok/s = output tokens of successful requests / "
-        "level wall time. Goodput = requests meeting both SLO bounds per second. Output counts are "
-        "the max_tokens sent when the contract sets `ignore_eos` (the engine generates exactly "
-        "that).",
-        "",
-    ]
-    return "\n".join(out)
+    return "\n".join(out + DEFINITIONS)
 
 
 def write(result: RunResult, run_dir: Path) -> Path:

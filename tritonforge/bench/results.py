@@ -15,6 +15,14 @@ from tritonforge.bench.environment import Environment
 from tritonforge.bench.metrics import LevelMetrics
 
 
+class LevelFailure(BaseModel):
+    """Why a level has no numbers, with the tool's exit code and the end of its output."""
+
+    error: str
+    exit_code: int | None = None  # None: no exit code (killed at the time-out, or not a tool)
+    log_tail: str = ""
+
+
 class TargetResult(BaseModel):
     name: str
     kind: str
@@ -25,7 +33,7 @@ class TargetResult(BaseModel):
     startup_s: float | None = None
     load_average_1m: float | None = None  # before measuring: >~0.5 means a noisy neighbour
     levels: list[LevelMetrics] = []
-    failed_levels: dict[str, str] = {}
+    failed_levels: dict[str, LevelFailure] = {}
     server_metrics: dict[str, dict[str, float]] = {}
     notes: list[str] = []
 

@@ -25,14 +25,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
 from tritonforge.bench.environment import capture, tritonserver_version
-from tritonforge.bench.metrics import RequestRecord, summarize
-from tritonforge.bench.results import RunResult, TargetResult, compare
+from tritonforge.bench.metrics import MeasuredRequest, summarize
+from tritonforge.bench.results import LevelFailure, RunResult, TargetResult, compare
 from tritonforge.bench.services import (
     Service,
     TritonService,
     load_engine_settings,
     service_for,
 )
+from tritonforge.bench.tools import ToolError
 from tritonforge.bench.workload import (
     BenchRequest,
     PromptBuilder,
@@ -179,7 +180,7 @@ class Runner:
         try:
             service.start()
             service.wait_ready()
-        except (OSError, RuntimeError, TimeoutError) as error:
+        except (OSError, ValueError, RuntimeError, TimeoutError) as error:
             service.stop()
             self.say(f"[red]✗ {label}: server did not start[/]")
             return {t.name: self.failed(t, f"server did not start: {error}") for t in targets}
@@ -209,7 +210,7 @@ class Runner:
             self.step(f"{target.name}: warm-up")
             try:
                 self.drive(service, target, self.plan.warmup, scratch / "warmup")
-            except aiperf_driver.ToolError as error:
+            except ToolError as error:
                 self.say(f"[red]✗ {target.name}: warm-up failed[/]")
                 result.status, result.error = "failed", f"warm-up failed: {error}"
                 self.step(target.name, advance=len(self.plan.levels))
@@ -219,9 +220,11 @@ class Runner:
             before = server_metrics.parse(service.metrics_text() or "", target.model)
             try:
                 records = self.drive(service, target, load, scratch / f"level-{load.level:g}")
-            except aiperf_driver.ToolError as error:
-                result.failed_levels[f"{load.level:g}"] = str(error)
-                self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {str(error).splitlines()[0]}")
+            except ToolError as error:
+                result.failed_levels[f"{load.level:g}"] = LevelFailure(
+                    error=error.reason, exit_code=error.exit_code, log_tail=error.log_tail
+                )
+                self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {error.reason}")
                 self.step(target.name, advance=1)
                 continue
             after = server_metrics.parse(service.metrics_text() or "", target.model)
@@ -234,13 +237,13 @@ class Runner:
 
     def drive(
         self, service: Service, target: Target, load: LevelLoad, artifacts: Path
-    ) -> list[RequestRecord]:
+    ) -> list[MeasuredRequest]:
         """One level (or the warm-up) with the target's tool; ToolError if it yields nothing."""
         contract = self.plan.contract
         warmup = load is self.plan.warmup
         if target.tool == "perf_analyzer":
             if not isinstance(service, TritonService):
-                raise aiperf_driver.ToolError("perf_analyzer needs a Triton target")
+                raise ToolError("perf_analyzer needs a Triton target")
             return perf_analyzer_driver.run_level(
                 service.server.grpc_url,
                 str(target.model),
@@ -264,7 +267,7 @@ class Runner:
             exact_lengths=contract.sampling.ignore_eos,
         )
 
-    def record(self, result: TargetResult, level: float, records: list[RequestRecord]) -> None:
+    def record(self, result: TargetResult, level: float, records: list[MeasuredRequest]) -> None:
         metrics = summarize(level, records, self.plan.contract.slo)
         result.levels.append(metrics)
         colour = "green" if metrics.errors == 0 else "yellow"
@@ -298,7 +301,7 @@ class Runner:
     # --- offline ceiling ---------------------------------------------------------------
 
     def run_offline(self, target: Target) -> TargetResult:
-        contract = self.plan.contract
+        """vLLM's engine without a server over every level, in one subprocess: the ceiling."""
         result = TargetResult(
             name=target.name,
             kind=target.kind.value,
@@ -306,18 +309,38 @@ class Runner:
             status="ok",
             load_average_1m=os.getloadavg()[0],
         )
-        if contract.load.mode != "concurrency":
+        if self.plan.contract.load.mode != "concurrency":
             result.status, result.error = "failed", "the offline ceiling needs concurrency levels"
             self.step(target.name, advance=len(self.plan.levels))
             return result
         work = self.plan.scratch / target.name
         work.mkdir(parents=True, exist_ok=True)
         try:
-            settings = load_engine_settings(REPO_ROOT / str(target.engine_config))
+            job = self.offline_job(target)
         except (OSError, ValueError) as error:
             return self.failed(target, f"engine settings: {error}")
-        job = {
-            "engine_settings": settings,
+        job_path, out_path = work / "job.json", work / "records.json"
+        job_path.write_text(json.dumps(job))
+        log = self.plan.run_dir / "logs" / f"{target.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
+        code = self.run_offline_engine(job_path, out_path, log)
+        if code == 0 and out_path.is_file():
+            try:
+                self.record_offline(result, json.loads(out_path.read_text()))
+                return self.settle(result)
+            except (ValueError, KeyError, TypeError) as error:
+                why = f"wrote an unreadable {out_path.name} ({type(error).__name__}: {error})"
+        else:
+            why = "timed out" if code is None else f"exited with code {code}"
+        tail = log.read_text(errors="replace")[-1500:]
+        return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
+
+    def offline_job(self, target: Target) -> dict:
+        """What ``tritonforge.bench.offline`` runs: engine settings, sampling, workload files."""
+        contract = self.plan.contract
+        return {
+            "engine_settings": load_engine_settings(REPO_ROOT / str(target.engine_config)),
             "sampling": contract.sampling.model_dump(),
             "warmup": str(self.plan.warmup.workload) if self.plan.warmup else None,
             "max_duration_s": contract.load.max_duration_s,
@@ -325,12 +348,10 @@ class Runner:
                 {"level": lv.level, "workload": str(lv.workload)} for lv in self.plan.levels
             ],
         }
-        job_path, out_path = work / "job.json", work / "records.json"
-        job_path.write_text(json.dumps(job))
-        log = self.plan.run_dir / "logs" / f"{target.name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
-        timeout = OFFLINE_STARTUP_ALLOWANCE_S + contract.load.max_duration_s * (
+
+    def run_offline_engine(self, job_path: Path, out_path: Path, log: Path) -> int | None:
+        """Run the job in its own session; its exit code, or None if it outran its time."""
+        timeout = OFFLINE_STARTUP_ALLOWANCE_S + self.plan.contract.load.max_duration_s * (
             len(self.plan.levels) + 1
         )
         try:
@@ -352,26 +373,23 @@ class Runner:
                     check=False,
                     start_new_session=True,
                 )
-            code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            code = None
-        if code != 0 or not out_path.is_file():
-            tail = log.read_text(errors="replace")[-1500:]
-            why = "timed out" if code is None else f"exited with code {code}"
-            return self.failed(target, f"offline engine {why}; log tail:\n{tail}")
-        data = json.loads(out_path.read_text())
+            return None
+        return proc.returncode
+
+    def record_offline(self, result: TargetResult, data: dict) -> None:
+        """The offline run's output: a level with records is measured, one without failed."""
         result.startup_s = data["startup_s"]
         result.notes += data["notes"]
         for level in data["levels"]:
-            records = [RequestRecord(**r) for r in level["records"]]
+            records = [MeasuredRequest(**r) for r in level["records"]]
             if level["error"] and not records:
-                result.failed_levels[f"{level['level']:g}"] = level["error"]
+                result.failed_levels[f"{level['level']:g}"] = LevelFailure(error=level["error"])
             else:
                 if level["error"]:
                     result.notes.append(f"level {level['level']:g}: {level['error']}")
                 self.record(result, level["level"], records)
-            self.step(target.name, advance=1)
-        return self.settle(result)
+            self.step(result.name, advance=1)
 
 
 def run_contract(

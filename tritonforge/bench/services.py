@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,12 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
 import requests
 
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, Target, TargetKind
-from tritonforge.launcher import REPO_ROOT, TritonServer, free_port, server_environment
+from tritonforge.engine_config import expand_env
+from tritonforge.launcher import (
+    REPO_ROOT,
+    TritonServer,
+    free_port,
+    server_environment,
+    stop_session,
+)
 
 READY_TIMEOUT_S = 600.0
 
@@ -45,29 +48,19 @@ class Service(Protocol):
     def metrics_text(self) -> str | None: ...
 
 
-def _distinct_ports(count: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
-
-
-def expand(value: Any, env: Mapping[str, str]) -> Any:
-    """Expand ``$VAR``/``${VAR}`` in strings (model.json names the model dir that way)."""
-    if isinstance(value, str):
-        return re.sub(
-            r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), m.group(0)), value
-        )
-    return value
-
-
 def load_engine_settings(path: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The engine arguments of a model.json, with environment variables expanded."""
+    """The engine arguments of a model.json, with environment variables expanded.
+
+    An unset variable is a ValueError naming it, as when the Triton model reads the file.
+    """
     env = env if env is not None else server_environment()
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "model" not in data:
         raise ValueError(f"{path}: expected a JSON object of vLLM engine arguments with 'model'")
-    return {key: expand(value, env) for key, value in data.items()}
+    return {
+        key: expand_env(value, env) if isinstance(value, str) else value
+        for key, value in data.items()
+    }
 
 
 def engine_cli_flags(settings: Mapping[str, Any]) -> list[str]:
@@ -118,14 +111,7 @@ class TritonService:
     server: TritonServer = field(init=False)
 
     def __post_init__(self) -> None:
-        http, grpc, metrics = _distinct_ports(3)
-        self.server = TritonServer(
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            models=list(self.models),
-            log_path=self.log_path,
-        )
+        self.server = TritonServer.on_free_ports(models=list(self.models), log_path=self.log_path)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,9 +204,8 @@ class VllmOpenAIService:
         raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        stop_group(self.process)
+        if self.process is not None:
+            stop_session(self.process, signal_group=True)
 
     def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
         # Completions, not chat: the prompt reaches the engine as is, token for token the
@@ -240,27 +225,6 @@ class VllmOpenAIService:
         with contextlib.suppress(requests.RequestException):
             return requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
         return None
-
-
-def stop_group(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """SIGTERM a session leader's group, wait, then SIGKILL whatever is left of it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    leftovers = []
-    for proc in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getsid(proc.pid) == process.pid and proc.status() != psutil.STATUS_ZOMBIE:
-                leftovers.append(proc)
-    for proc in leftovers:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(leftovers, timeout=10)
 
 
 def service_for(kind: TargetKind, targets: Sequence[Target], log_dir: Path, served: str) -> Service:

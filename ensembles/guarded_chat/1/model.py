@@ -33,22 +33,18 @@ from tritonforge.guarded_chat import (
     sampling_json,
 )
 from tritonforge.schema import parse_request
+from tritonforge.triton_model import triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _error(exc: BaseException) -> Any:
-    if isinstance(exc, RequestError):
-        code = pb_utils.TritonError.INVALID_ARG
-    elif isinstance(exc, EngineBusy):
-        code = pb_utils.TritonError.UNAVAILABLE
-    elif isinstance(exc, ClientCancelled):
-        code = pb_utils.TritonError.CANCELLED
-    elif isinstance(exc, InnerError) and exc.code is not None:
-        code = exc.code
-    else:
-        code = pb_utils.TritonError.INTERNAL
-    return pb_utils.TritonError(str(exc), code)
+    """The inner model's error keeps its code; the rest map as in every LLM model."""
+    if isinstance(exc, InnerError) and exc.code is not None:
+        return pb_utils.TritonError(str(exc), exc.code)
+    if isinstance(exc, ClientCancelled):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.CANCELLED)
+    return triton_error(exc)
 
 
 class _Outbox:

@@ -10,29 +10,13 @@ input.
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
-_VAR = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
-
-
-def _expand(value: str) -> str:
-    """Expands $VAR / ${VAR}, failing on an unset variable (os.path.expandvars keeps it)."""
-
-    def lookup(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        if name not in os.environ:
-            raise pb_utils.TritonModelException(
-                f"environment variable {name} (used in {value!r}) is not set"
-            )
-        return os.environ[name]
-
-    return _VAR.sub(lookup, value)
+from tritonforge.engine_config import expand_env
 
 
 def _flag(name: str, value: object) -> bool:
@@ -52,7 +36,10 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         if not params.get("tokenizer_file"):
             raise pb_utils.TritonModelException("parameter 'tokenizer_file' is required")
-        path = Path(_expand(params["tokenizer_file"]))
+        try:
+            path = Path(expand_env(params["tokenizer_file"]))
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
         if not path.is_absolute():
             path = Path(args["model_repository"]) / path
         if not path.is_file():
