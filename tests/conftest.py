@@ -3,20 +3,40 @@
 Starting a vLLM stub costs ~50 s on two cores, so every end-to-end test shares the
 server started here; it loads every model in ``model_repository/`` that can run on
 this machine. Tests marked ``last`` (shutdown checks) run after all others.
+
+``TRITONFORGE_TEST_ENGINE_OVERRIDES`` (a JSON object, e.g. ``{"dtype": "float32"}``)
+serves a copy of the repository whose ``vllm_model`` engine settings carry those
+values: ``make test-numerics`` reruns the tests marked ``numerics`` that way, so a test
+that hard-codes what the model says fails here, not first on another CPU.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import TritonServer
+from tritonforge.launcher import MODEL_REPOSITORY, TritonServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+
+
+def _repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """model_repository/, or a copy with the engine overrides applied to vllm_model."""
+    overrides = os.environ.get("TRITONFORGE_TEST_ENGINE_OVERRIDES")
+    if not overrides:
+        return MODEL_REPOSITORY
+    copy = tmp_path_factory.mktemp("repository") / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, copy)  # ensembles are links: copied as folders
+    settings_file = copy / "vllm_model" / "1" / "model.json"
+    settings = json.loads(settings_file.read_text()) | json.loads(overrides)
+    settings_file.write_text(json.dumps(settings, indent=2))
+    return copy
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +53,7 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
     # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
     server = TritonServer.on_free_ports(
+        repository=_repository(tmp_path_factory),
         log_path=log,
         models=only.split(",") if only else None,
         extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),

@@ -54,13 +54,12 @@ def triton_libs() -> Path:
     return _package_dir("pytriton").parent / "nvidia_pytriton.libs"
 
 
-def assemble_backend_dir(target: Path | None = None) -> Path:
+def assemble_backend_dir(target: Path) -> Path:
     """Lay out ``<target>/python`` (python backend + stub) and one folder per own backend.
 
     A Python-based backend is a folder holding ``model.py``; a C++ backend is a
     folder holding ``libtriton_<name>.so`` built under ``build/backends``.
     """
-    target = target or CACHE_DIR / "backends"
     if target.exists():
         shutil.rmtree(target)
     python_dir = target / "python"
@@ -241,7 +240,12 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def start(self, backend_dir: Path | None = None) -> None:
-        backend_dir = assemble_backend_dir(backend_dir)
+        # One backend directory per server (by HTTP port): assembling it deletes the old
+        # one, and a second server (the tests' beside `make serve`, or a test's own beside
+        # the session's) must not pull the stub out from under a running one.
+        backend_dir = assemble_backend_dir(
+            backend_dir or CACHE_DIR / "backends" / f"http-{self.http_port}"
+        )
         stdout = self.log_path.open("ab") if self.log_path else None
         self.process = subprocess.Popen(
             self.command(backend_dir),

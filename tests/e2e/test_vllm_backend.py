@@ -21,7 +21,7 @@ from tests.e2e.client import (
     wait_for,
 )
 from tritonforge.engine_config import load_engine_config, resolve_paths
-from tritonforge.launcher import MODEL_REPOSITORY, server_environment
+from tritonforge.launcher import server_environment
 
 MODEL = "vllm_model"
 GREEDY = {"temperature": 0, "max_tokens": 24}
@@ -83,7 +83,7 @@ if __name__ == "__main__":
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Offline ``LLM.generate`` on this machine, same engine settings (model.json).
 
     The reference for every test that depends on what the model says: greedy text
@@ -91,7 +91,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     so it is derived here, never written into the test. Keys: each prompt, and
     ``json.dumps(messages)`` for each chat.
     """
-    version_dir = MODEL_REPOSITORY / MODEL / "1"
+    version_dir = server.repository / MODEL / "1"  # the settings the server runs
     env = server_environment()
     config = load_engine_config(version_dir, "model.json")
     with pytest.MonkeyPatch.context() as patch:
