@@ -3,6 +3,10 @@
 Starting a vLLM stub costs ~50 s on two cores, so every end-to-end test shares the
 server started here; it loads every model in ``model_repository/`` that can run on
 this machine. Tests marked ``last`` (shutdown checks) run after all others.
+
+Layout, by kind: ``unit/`` needs no server (some need the built C++ tokenizer or a
+compiler), ``contract/`` drives adapters against stand-ins of engine APIs that cannot
+run here, ``e2e/`` runs against the real tritonserver. Test doubles live in ``fakes.py``.
 """
 
 from __future__ import annotations
@@ -46,3 +50,12 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         pytest.fail(f"tritonserver did not become ready:\n{tail}", pytrace=False)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def corpus() -> list[str]:
+    """The tokenizer parity corpus (>= 10,000 strings): module and served-model tests."""
+    # Imported here, not at the top: it needs the built C++ tokenizer, most tests do not.
+    from tests.tokenizers_under_test import parity_corpus
+
+    return parity_corpus()
