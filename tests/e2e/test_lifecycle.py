@@ -33,6 +33,7 @@ def own_server(tmp_path_factory: pytest.TempPathFactory):
     They unload, reload and stop it, so they must not depend on what the rest of the
     suite left on the shared server (README, known issue: guarded_chat may stay
     UNLOADING there, and Triton's shutdown then ends in its exit timeout).
+    Triton 2.51 workaround W12, see docs/triton-2.51-workarounds.md.
     """
     log = tmp_path_factory.mktemp("lifecycle") / "server.log"
     server = TritonServer.on_free_ports(models=[MODEL], log_path=log)
@@ -135,6 +136,7 @@ def test_shutdown_leaves_no_process(own_server) -> None:
     assert not server.group_processes()
     # Every stub exited cleanly, at the unload above and at shutdown (python backend 24.10
     # stubs segfault on exit if a MetricFamily outlives finalize).
+    # Guards Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md.
     log = server.log_path.read_text(errors="replace")
     assert "Segfault" not in log, log[max(0, log.find("Segfault") - 2000) :][:4000]
 
