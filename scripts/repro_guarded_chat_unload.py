@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.client import control_model, llm_inputs, model_state, stream  # noqa: E402
-from tritonforge.launcher import TritonServer, free_port  # noqa: E402
+from tritonforge.launcher import TritonServer  # noqa: E402
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
 LONG = {"max_tokens": 1500, "ignore_eos": True}
@@ -60,13 +60,8 @@ def main() -> int:
     parser.add_argument("--log", type=Path, default=Path("repro-guarded-chat.log"))
     args = parser.parse_args()
 
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    server = TritonServer(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        models=["vllm_model", "guard", "guarded_chat"],
-        log_path=args.log,
+    server = TritonServer.on_free_ports(
+        models=["vllm_model", "guard", "guarded_chat"], log_path=args.log
     )
     server.start()
     try:

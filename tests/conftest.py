@@ -8,6 +8,10 @@ this machine. Tests marked ``last`` (shutdown checks) run after all others.
 serves a copy of the repository whose ``vllm_model`` engine settings carry those
 values: ``make test-numerics`` reruns the tests marked ``numerics`` that way, so a test
 that hard-codes what the model says fails here, not first on another CPU.
+
+Layout, by kind: ``unit/`` needs no server (some need the built C++ tokenizer or a
+compiler), ``contract/`` drives adapters against stand-ins of engine APIs that cannot
+run here, ``e2e/`` runs against the real tritonserver. Test doubles live in ``fakes.py``.
 """
 
 from __future__ import annotations
@@ -67,3 +71,12 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         pytest.fail(f"tritonserver did not become ready:\n{tail}", pytrace=False)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def corpus() -> list[str]:
+    """The tokenizer parity corpus (>= 10,000 strings): module and served-model tests."""
+    # Imported here, not at the top: it needs the built C++ tokenizer, most tests do not.
+    from tests.tokenizers_under_test import parity_corpus
+
+    return parity_corpus()

@@ -27,6 +27,7 @@ import numpy as np
 
 from tritonforge.cancellation import CancelBoard
 from tritonforge.guard import Finding, StreamGuard, findings_json, redact
+from tritonforge.responses import text_tensor
 from tritonforge.schema import TRANSPORT_PARAMETERS, GenerateRequest
 
 
@@ -77,10 +78,6 @@ class GuardedInputs:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _bytes(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=np.object_)
-
-
 def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> GuardedInputs:
     """Redact the prompt and build the inner (always streamed) request's tensors.
 
@@ -96,12 +93,12 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
             content, found = redact(message["content"])
             findings += [{**asdict(f), "message": index} for f in found]
             messages.append({**message, "content": content})
-        tensors["messages"] = _bytes(json.dumps(messages))
+        tensors["messages"] = text_tensor(json.dumps(messages))
     else:
         assert request.prompt is not None, "guarded_chat serves text_input or messages"
         text, found = redact(request.prompt)
         findings += [asdict(f) for f in found]
-        tensors["text_input"] = _bytes(text)
+        tensors["text_input"] = text_tensor(text)
     tensors["stream"] = np.array([True])
     return GuardedInputs(tensors, findings)
 
@@ -115,9 +112,12 @@ def sampling_json(parameters: Mapping[str, Any], tensor_json: str | None) -> str
 
 
 def _response(text: str, output: list[Finding], inputs: list[dict] | None) -> dict[str, np.ndarray]:
-    tensors = {"text_output": _bytes(text), "output_findings": _bytes(findings_json(output))}
+    tensors = {
+        "text_output": text_tensor(text),
+        "output_findings": text_tensor(findings_json(output)),
+    }
     if inputs is not None:
-        tensors["input_findings"] = _bytes(json.dumps(inputs))
+        tensors["input_findings"] = text_tensor(json.dumps(inputs))
     return tensors
 
 

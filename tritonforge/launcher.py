@@ -99,6 +99,7 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
         [d for d in lib_dirs if d] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     )
     # The stub's interpreter runs isolated with an ASCII locale unless told otherwise.
+    # Triton 2.51 workaround W6, see docs/triton-2.51-workarounds.md.
     env.setdefault("LANG", "C.UTF-8")
     env.setdefault("LC_ALL", "C.UTF-8")
     env.setdefault("TRITONFORGE_MODELS", str(CACHE_DIR / "models"))

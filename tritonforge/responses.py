@@ -70,7 +70,8 @@ def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutpu
     )
 
 
-def _bytes(value: str) -> np.ndarray:
+def text_tensor(value: str) -> np.ndarray:
+    """One UTF-8 string as a 1-element BYTES tensor, the shape of every text output."""
     return np.array([value.encode("utf-8")], dtype=np.object_)
 
 
@@ -81,14 +82,14 @@ def build_outputs(
     prefix: str = "",
 ) -> dict[str, np.ndarray]:
     """Tensors for one response; ``prefix`` is the echoed prompt, if any."""
-    tensors = {"text_output": _bytes(prefix + output.text)}
+    tensors = {"text_output": text_tensor(prefix + output.text)}
     if returns.finish_reason:
-        tensors["finish_reason"] = _bytes(str(output.finish_reason))
+        tensors["finish_reason"] = text_tensor(str(output.finish_reason))
     if returns.cumulative_logprob:
         value = output.cumulative_logprob if output.cumulative_logprob is not None else 0.0
         tensors["cumulative_logprob"] = np.array([value], dtype=np.float32)
     if returns.logprobs:
-        tensors["logprobs"] = _bytes(json.dumps(output.logprobs))
+        tensors["logprobs"] = text_tensor(json.dumps(output.logprobs))
     if returns.num_input_tokens:
         tensors["num_input_tokens"] = np.array([num_input_tokens], dtype=np.uint32)
     if returns.num_output_tokens:

@@ -154,6 +154,7 @@ class Runtime:
         The prompt is prepared here so that its errors are answered from ``execute()``
         itself: an error response sent later, from another thread, never completes
         for a BLS caller in python backend 24.10 and wedges the caller's unload.
+        Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
         """
         prepared = self.engine.prepare(request)
         with self._lock:

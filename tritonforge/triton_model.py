@@ -75,7 +75,8 @@ class TritonChannel:
     """A request's response sender, as the runtime's :class:`~tritonforge.runtime.Channel`.
 
     A request is cancelled when Triton says so or when the BLS model that sent it
-    marked its id on the :class:`CancelBoard` (Triton 24.10 BLS cannot cancel).
+    marked its id on the :class:`CancelBoard` (Triton 24.10 BLS cannot cancel):
+    Triton 2.51 workaround W1 (and W2 in :meth:`send`), see docs/triton-2.51-workarounds.md.
 
     Exactly one response carries the FINAL flag, and once it is sent the sender is
     never touched again: python_backend 24.10 deletes a request's response factory on
@@ -84,7 +85,7 @@ class TritonChannel:
     its FINAL, so a lost one wedges the unload.
     """
 
-    _board = CancelBoard()
+    _board = CancelBoard()  # Triton 2.51 workaround W1
 
     def __init__(self, sender: Any, request_id: str = "") -> None:
         self._sender = sender
@@ -107,6 +108,7 @@ class TritonChannel:
             # The BLS caller cancelled and expects no more: end quietly. An error response
             # sent after execute() returned never reaches a python-backend 24.10 BLS
             # caller and wedges its unload.
+            # Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
             self._sender.send(flags=flags)
             return
         if error is not None:
@@ -205,7 +207,7 @@ class LLMModel:
 
     def finalize(self) -> None:
         self.runtime.stop()  # the response thread is done: nothing records any more
-        self.metrics.close()
+        self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
 
 
 def make_model(engine_class: type[Engine], dialect: Dialect = COMMON) -> type[LLMModel]:

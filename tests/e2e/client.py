@@ -122,7 +122,7 @@ def control_model(grpc_url: str, action: str, model: str) -> None:
 
     Not over HTTP: a stub started while an HTTP connection is open inherits its socket
     (Triton 2.51), and at shutdown Triton then waits out its whole exit timeout for
-    that connection to close.
+    that connection to close. Triton 2.51 workaround W10, see docs/triton-2.51-workarounds.md.
     """
     with grpcclient.InferenceServerClient(grpc_url) as client:
         getattr(client, f"{action}_model")(model)

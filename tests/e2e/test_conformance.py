@@ -302,6 +302,7 @@ def test_wrong_tensor_type_or_shape_is_rejected_by_triton(
 
     Sent over HTTP: in Triton 2.51 a request that this validation rejects on a gRPC
     *stream* keeps its model from ever unloading (seen here; it never reaches the model).
+    Triton 2.51 workaround W9, see docs/triton-2.51-workarounds.md.
     """
     reply = generate(server.http_url, model, body)
     assert fragment in reply.get("error", ""), reply

@@ -8,7 +8,7 @@ Triton 2.51 keeps a model whose load failed in the UNAVAILABLE state, and with s
 readiness (the default) ``/v2/health/ready`` then answers 400 until restart, even after
 an unload. So this runs with the ``last`` tests, before the lifecycle tests that stop
 the session server (its file name sorts first), and checks liveness and real
-inference instead of readiness.
+inference instead of readiness. Triton 2.51 workaround W11, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations

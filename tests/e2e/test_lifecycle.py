@@ -20,7 +20,7 @@ from tests.e2e.client import (
     stream,
     wait_for,
 )
-from tritonforge.launcher import TritonServer, free_port
+from tritonforge.launcher import TritonServer, free_ports
 
 MODEL = "vllm_model"
 pytestmark = [pytest.mark.server, pytest.mark.last]
@@ -33,15 +33,10 @@ def own_server(tmp_path_factory: pytest.TempPathFactory):
     They unload, reload and stop it, so they must not depend on what the rest of the
     suite left on the shared server (README, known issue: guarded_chat may stay
     UNLOADING there, and Triton's shutdown then ends in its exit timeout).
+    Triton 2.51 workaround W12, see docs/triton-2.51-workarounds.md.
     """
-    ports = set()
-    while len(ports) < 3:
-        ports.add(free_port())
-    http, grpc, metrics = sorted(ports)
     log = tmp_path_factory.mktemp("lifecycle") / "server.log"
-    server = TritonServer(
-        http_port=http, grpc_port=grpc, metrics_port=metrics, models=[MODEL], log_path=log
-    )
+    server = TritonServer.on_free_ports(models=[MODEL], log_path=log)
     server.start()
     try:
         server.wait_ready()
@@ -141,17 +136,19 @@ def test_shutdown_leaves_no_process(own_server) -> None:
     assert not server.group_processes()
     # Every stub exited cleanly, at the unload above and at shutdown (python backend 24.10
     # stubs segfault on exit if a MetricFamily outlives finalize).
+    # Guards Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md.
     log = server.log_path.read_text(errors="replace")
     assert "Segfault" not in log, log[max(0, log.find("Segfault") - 2000) :][:4000]
 
 
 def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
     """`make serve` runs the launcher in the foreground: SIGTERM must stop everything."""
+    http, grpc, metrics = free_ports(3)
     env = {
         **os.environ,
-        "TRITON_HTTP_PORT": str(free_port()),
-        "TRITON_GRPC_PORT": str(free_port()),
-        "TRITON_METRICS_PORT": str(free_port()),
+        "TRITON_HTTP_PORT": str(http),
+        "TRITON_GRPC_PORT": str(grpc),
+        "TRITON_METRICS_PORT": str(metrics),
     }
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tritonforge.launcher", "--models"],

@@ -5,7 +5,7 @@
 // Every declaration and value below is checked against the pinned release (Triton 2.51,
 // core tag r24.10; TRITONBACKEND API 1.19): triton_api.reference.json records what that
 // release publishes, and api_check.py compiles static_asserts comparing the two
-// (tests/tokenizer/test_triton_api.py; CMake -DTRITONFORGE_BUILD_TESTS=ON). Declare
+// (tests/unit/test_tokenizer_triton_api.py; CMake -DTRITONFORGE_BUILD_TESTS=ON). Declare
 // something new here, or change anything, and the reference must say the same.
 #pragma once
 

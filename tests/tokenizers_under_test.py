@@ -1,5 +1,7 @@
-"""Tokenizers under test and the shared parity corpus.
+"""Tokenizers under test and the shared parity corpus (fixtures in the conftest.py files).
 
+Used by the C++ module's parity and error tests (``tests/unit/test_tokenizer_*.py``) and
+by the served tokenizer models' test (``tests/e2e/test_tokenizer_backend.py``).
 Three families, as issue 3 asks: SmolLM2's own tokenizer (the served model's), a GPT-2
 style and a Llama-3 style byte-level BPE trained here with HF ``tokenizers`` on the
 corpus's real text (a few seconds). Variants edit the JSON to reach the options the
@@ -14,7 +16,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from tokenizers import (
     AddedToken,
     Regex,
@@ -26,14 +27,16 @@ from tokenizers import (
     trainers,
 )
 
-from tests.tokenizer.corpus import build_corpus, real_text
+from tests.tokenizer_corpus import build_corpus, real_text
 
-try:
-    import tritonforge_tokenizer  # noqa: F401 - only to fail with a clear message
+try:  # the C++ module under test: its tests import it from here, to get this message
+    import tritonforge_tokenizer as tt
 except ImportError as exc:  # a missing build is a failure, never a silent skip
     raise ImportError("run scripts/build_tokenizer.sh to build the C++ tokenizer") from exc
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["SMOLLM2", "build_tokenizer_files", "parity_corpus", "tt"]
+
+REPO = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("TRITONFORGE_MODELS", REPO / ".cache" / "models"))
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct" / "tokenizer.json"
 CL100K = (
@@ -151,11 +154,9 @@ def _ignore_merges(data: dict) -> None:
             next_id += 1
 
 
-@pytest.fixture(scope="session")
-def tokenizer_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """name -> tokenizer.json: the served SmolLM2 file and the locally built ones."""
+def build_tokenizer_files(folder: Path) -> dict[str, Path]:
+    """name -> tokenizer.json: the served SmolLM2 file and ones built here in ``folder``."""
     assert SMOLLM2.is_file(), f"{SMOLLM2} missing: run `python -m tritonforge.model_store`"
-    folder = tmp_path_factory.mktemp("tokenizers")
     texts = _training_text()
     gpt2 = folder / "gpt2.json"
     _gpt2_style(texts).save(str(gpt2))
@@ -172,6 +173,6 @@ def tokenizer_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     }
 
 
-@pytest.fixture(scope="session")
-def corpus() -> list[str]:
+def parity_corpus() -> list[str]:
+    """The parity corpus, with every tokenizer's special and added tokens glued in."""
     return build_corpus(SMOLLM2_SPECIALS + LLAMA3_SPECIALS + GPT2_ADDED)

@@ -12,8 +12,9 @@ import random
 from pathlib import Path
 
 import pytest
-import tritonforge_tokenizer as tt
 from tokenizers import Tokenizer as HfTokenizer
+
+from tests.tokenizers_under_test import tt
 
 TOKENIZERS = ["smollm2", "gpt2", "gpt2_prefix_legacy_merges", "llama3", "llama3_ignore_merges"]
 

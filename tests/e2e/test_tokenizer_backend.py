@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tokenizers import Tokenizer as HfTokenizer
 from tritonclient.utils import InferenceServerException
 
-from tests.tokenizer.conftest import SMOLLM2
+from tests.tokenizers_under_test import SMOLLM2
 
 pytestmark = pytest.mark.server
 ROWS = 64  # the models' max_batch_size

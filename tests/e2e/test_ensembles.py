@@ -91,6 +91,7 @@ def test_genai_perf_style_request_works(server) -> None:
 
 def test_bad_input_names_the_field_and_the_ensemble_stays_ready(server) -> None:
     # ensemble_vllm_py: see ensembles/README.md (known issue) for ensemble_vllm.
+    # Triton 2.51 workaround W13, see docs/triton-2.51-workarounds.md.
     model = "ensemble_vllm_py"
     inputs = [
         bytes_input("text_input", "hi"),

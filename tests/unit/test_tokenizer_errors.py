@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import tritonforge_tokenizer as tt
+
+from tests.tokenizers_under_test import tt
 
 
 @pytest.fixture(scope="module")
