@@ -9,6 +9,11 @@ Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serv
 the loop (prepare prompt, iterate engine deltas, stream or aggregate) → responses on
 the response thread → one record for the metrics. A cancelled client request is
 noticed by a periodic poll and aborted in the engine, which ends its iterator.
+
+The same poll is the engine's watchdog: once :meth:`Engine.failure` names a cause
+(the engine process died, its worker thread ended), every request in flight ends with
+UNAVAILABLE naming it, new ones are refused, and ``on_engine_failure`` tells the Triton
+edge, which takes the model out of service and brings it back (see triton_model.py).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +60,37 @@ class RequestRecord:
     outcome: str  # finished | cancelled | failed
 
 
+@dataclass
+class _Timing:
+    """What one request's metrics record is made of, gathered while it runs."""
+
+    prompt_tokens: int
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    generated: int = 0
+
+    def saw(self, delta: EngineOutput) -> None:
+        if delta.token_ids and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.generated += len(delta.token_ids)
+
+    def record(self, outcome: str) -> RequestRecord:
+        ended = time.perf_counter()
+        ttft = tpot = None
+        if self.first_token_at is not None:
+            ttft = self.first_token_at - self.started
+            if self.generated > 1:
+                tpot = (ended - self.first_token_at) / (self.generated - 1)
+        return RequestRecord(
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generated,
+            e2e_s=ended - self.started,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            outcome=outcome,
+        )
+
+
 class MetricsSink(Protocol):
     def record(self, record: RequestRecord) -> None: ...
 
@@ -72,6 +108,8 @@ class _Inflight:
     channel: Channel
     cancelled: bool = False
     task: asyncio.Task | None = None
+    #: Why the runtime ended the request (the engine failed), if it did.
+    failure: EngineUnavailable | None = None
 
 
 class Runtime:
@@ -85,6 +123,7 @@ class Runtime:
         max_inflight: int = 256,
         cancellation_poll_s: float = 0.1,
         drain_timeout_s: float = 5.0,
+        on_engine_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -92,6 +131,8 @@ class Runtime:
         self.max_inflight = max_inflight
         self.cancellation_poll_s = cancellation_poll_s
         self.drain_timeout_s = drain_timeout_s
+        self.on_engine_failure = on_engine_failure
+        self._failure: str | None = None  # set once, when the engine is found dead
         self._inflight: dict[str, _Inflight] = {}
         self._lock = threading.Lock()
         self._closing = False
@@ -158,6 +199,8 @@ class Runtime:
         """
         prepared = self.engine.prepare(request)
         with self._lock:
+            if self._failure is not None:
+                raise self._failure_error()
             if self._closing:
                 raise EngineUnavailable("the model is unloading; no new requests are accepted")
             if len(self._inflight) >= self.max_inflight:
@@ -184,78 +227,104 @@ class Runtime:
     async def _serve(
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
-        started = time.perf_counter()
-        first_token_at: float | None = None
-        prompt_tokens = generated = 0
+        """One request from first delta to its single FINAL response and metrics record."""
+        timing = _Timing(prompt_tokens=len(prepared.token_ids))
         outcome = "failed"
-        finished = False
         try:
-            prompt_tokens = len(prepared.token_ids)
-            prefix = prepared.text if request.prepend_input and prepared.text else ""
-            generation = Generation()
-            held: EngineOutput | None = None
-            async for delta in self.engine.generate(request_id, prepared, request.sampling):
-                if entry.cancelled:
-                    break
-                if delta.token_ids and first_token_at is None:
-                    first_token_at = time.perf_counter()
-                generated += len(delta.token_ids)
-                finished = delta.finished
-                if not request.stream:
-                    generation.add(delta)
-                    continue
-                # Tokens whose text is not complete yet (half a UTF-8 character, a
-                # possible stop string) ride with the response that completes it, so
-                # each response's output_ids decode to exactly its text_output. A
-                # stateless detokenizer downstream (the ensemble's postprocessing)
-                # then streams exact text without keeping per-request state.
-                held = merge_outputs(held, delta)
-                if held.text or finished:
-                    outputs = build_outputs(held, request.returns, prompt_tokens)
-                    self._send(entry, outputs, None, finished)
-                    held = None
+            deltas = self._deltas(request_id, request, prepared, entry, timing)
+            if request.stream:
+                await self._stream(deltas, request, entry, timing.prompt_tokens)
+            else:
+                await self._aggregate(deltas, request, prepared, entry, timing.prompt_tokens)
             if entry.cancelled:
                 outcome = "cancelled"
                 self._send(entry, None, asyncio.CancelledError("request cancelled"), True)
-            elif not request.stream:
-                outputs = build_outputs(
-                    generation.as_output(), request.returns, prompt_tokens, prefix
-                )
-                self._send(entry, outputs, None, True)
-                outcome = "finished"
             else:
-                if held is not None:  # the engine stopped mid-character: flush, close
-                    outputs = build_outputs(held, request.returns, prompt_tokens)
-                    self._send(entry, outputs, None, True)
-                elif not finished:  # the engine stopped without a final delta: close
-                    self._send(entry, None, None, True)
                 outcome = "finished"
-        except RequestError as exc:
+        except (RequestError, EngineUnavailable) as exc:
             self._send(entry, None, exc, True)
         except asyncio.CancelledError:
             await self._abort_quietly(request_id)
-            self._send(entry, None, EngineUnavailable("the model was unloaded mid-request"), True)
+            error = entry.failure or EngineUnavailable("the model was unloaded mid-request")
+            self._send(entry, None, error, True)
             raise
         except Exception as exc:
-            self.logger.log_error(f"[tritonforge] request failed: {exc!r}")
             await self._abort_quietly(request_id)
-            self._send(entry, None, exc, True)
+            if (cause := self.engine.failure()) is not None:
+                self._send(entry, None, self._failure_error(cause), True)
+            else:
+                self.logger.log_error(f"[tritonforge] request failed: {exc!r}")
+                self._send(entry, None, exc, True)
         finally:
             with self._lock:
                 self._inflight.pop(request_id, None)
-            ended = time.perf_counter()
-            tpot = None
-            if first_token_at is not None and generated > 1:
-                tpot = (ended - first_token_at) / (generated - 1)
-            record = RequestRecord(
-                prompt_tokens=prompt_tokens,
-                generation_tokens=generated,
-                e2e_s=ended - started,
-                ttft_s=None if first_token_at is None else first_token_at - started,
-                tpot_s=tpot,
-                outcome=outcome,
-            )
+            record = timing.record(outcome)
             self._post(lambda: self.metrics.record(record))
+
+    async def _deltas(
+        self,
+        request_id: str,
+        request: GenerateRequest,
+        prepared: PreparedPrompt,
+        entry: _Inflight,
+        timing: _Timing,
+    ) -> AsyncIterator[EngineOutput]:
+        """The engine's deltas until it finishes or the client cancels."""
+        if self._failure is not None:  # failed between submit() and now
+            raise self._failure_error()
+        async for delta in self.engine.generate(request_id, prepared, request.sampling):
+            if entry.cancelled:
+                return
+            timing.saw(delta)
+            yield delta
+
+    async def _stream(
+        self,
+        deltas: AsyncIterator[EngineOutput],
+        request: GenerateRequest,
+        entry: _Inflight,
+        prompt_tokens: int,
+    ) -> None:
+        """One response per delta that completes text; the last carries FINAL."""
+        held: EngineOutput | None = None
+        finished = False
+        async for delta in deltas:
+            finished = delta.finished
+            # Tokens whose text is not complete yet (half a UTF-8 character, a possible
+            # stop string) ride with the response that completes it, so each response's
+            # output_ids decode to exactly its text_output. A stateless detokenizer
+            # downstream (the ensemble's postprocessing) then streams exact text without
+            # keeping per-request state.
+            held = merge_outputs(held, delta)
+            if held.text or finished:
+                self._send(
+                    entry, build_outputs(held, request.returns, prompt_tokens), None, finished
+                )
+                held = None
+        if entry.cancelled:
+            return
+        if held is not None:  # the engine stopped mid-character: flush, close
+            self._send(entry, build_outputs(held, request.returns, prompt_tokens), None, True)
+        elif not finished:  # the engine stopped without a final delta: close
+            self._send(entry, None, None, True)
+
+    async def _aggregate(
+        self,
+        deltas: AsyncIterator[EngineOutput],
+        request: GenerateRequest,
+        prepared: PreparedPrompt,
+        entry: _Inflight,
+        prompt_tokens: int,
+    ) -> None:
+        """One response with the whole generation (the prompt first, when echoed)."""
+        generation = Generation()
+        async for delta in deltas:
+            generation.add(delta)
+        if entry.cancelled:
+            return
+        prefix = prepared.text if request.prepend_input and prepared.text else ""
+        outputs = build_outputs(generation.as_output(), request.returns, prompt_tokens, prefix)
+        self._send(entry, outputs, None, True)
 
     async def _abort_quietly(self, request_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -264,16 +333,45 @@ class Runtime:
     # --- cancellation and gauges ------------------------------------------------
 
     async def _watch(self) -> None:
-        """Every poll interval: check for cancelled clients and refresh the gauges."""
+        """Every poll interval: cancelled clients, the engine's health, the gauges."""
         while True:
             await asyncio.sleep(self.cancellation_poll_s)
             self._post(self._poll_cancellations)
+            if self._failure is None and (cause := self.engine.failure()) is not None:
+                self._engine_failed(cause)
             stats = self.engine.stats()
             if not self._inflight:
                 # The engine cannot be busy with requests we no longer have; its last
                 # stats snapshot may predate the step that finished them.
                 stats = EngineStats(0, 0, stats.kv_cache_usage)
             self._post(lambda s=stats: self.metrics.set_stats(s))
+
+    def _failure_error(self, cause: str | None = None) -> EngineUnavailable:
+        return EngineUnavailable(
+            f"the engine failed ({cause or self._failure}); the model is being restarted"
+        )
+
+    def _engine_failed(self, cause: str) -> None:
+        """On the loop: end every request in flight, refuse new ones, tell the edge."""
+        with self._lock:
+            self._failure = cause
+            inflight = list(self._inflight.values())
+        self.logger.log_error(
+            f"[tritonforge] engine failed: {cause}; ending {len(inflight)} request(s) in flight"
+        )
+        error = self._failure_error()
+        for entry in inflight:
+            entry.failure = error
+            if entry.task is not None:
+                entry.task.cancel()
+        if self.on_engine_failure is not None:
+            callback = self.on_engine_failure
+            self._post(lambda: callback(cause))
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped serving, once the watchdog found it dead."""
+        return self._failure
 
     def _poll_cancellations(self) -> None:
         """Runs on the response thread: is_cancelled() is an IPC round trip."""

@@ -74,6 +74,15 @@ class TritonMetrics:
             "num_requests_waiting", family.GAUGE, "Requests waiting in the engine"
         )
         self.kv_usage = metric("kv_cache_usage_perc", family.GAUGE, "KV-cache usage (1 = full)")
+        self.engine_restarts = metric(
+            "engine_restarts_total",
+            family.COUNTER,
+            "Times the engine died and the model restarted it (this server's life)",
+        )
+
+    def count_restarts(self, count: int) -> None:
+        if count:
+            self.engine_restarts.increment(count)
 
     def record(self, record: RequestRecord) -> None:
         if record.prompt_tokens:

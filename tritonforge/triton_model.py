@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tritonforge.dialects import COMMON, Dialect
 from tritonforge.engine_config import load_engine_config
 from tritonforge.engines.base import Engine
 from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
+from tritonforge.restarts import RestartLedger, RestartPolicy
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
 from tritonforge.triton_metrics import TritonMetrics
@@ -180,15 +182,67 @@ class LLMModel:
         engine_config = load_engine_config(version_dir, self.engine_class.config_file.name)
         engine = self.engine_class.from_config(engine_config, version_dir)
         labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.model_name = args["model_name"]
+        self.restart_policy = RestartPolicy.from_parameters(parameters)
+        self.restarts = RestartLedger(self.model_name)
+        self._restart_cause: str | None = None
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
+        self.metrics.count_restarts(self.restarts.total())  # carried over from old stubs
         self.runtime = Runtime(
             engine,
             self.metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
             cancellation_poll_s=engine.cancellation_poll_s,
+            on_engine_failure=self._engine_failed,
         )
         self.runtime.start()
+
+    def _engine_failed(self, cause: str) -> None:
+        """The engine died (response thread): leave service now, come back in finalize.
+
+        Unloading itself makes Triton report the model not ready at once; Triton then
+        calls ``finalize`` when the requests the runtime just failed have all had their
+        final response, and ``finalize`` loads the model again (see restarts.py).
+        """
+        if self.restart_policy.max_restarts == 0:
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({cause}); restarts are off "
+                "(engine_restart_max 0): unloading it"
+            )
+        self._restart_cause = cause
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as exc:  # not in explicit model-control mode
+            self._restart_cause = None
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({cause}) and the model "
+                f"cannot take itself out of service ({exc}); run tritonserver with "
+                "--model-control-mode=explicit. Until then it answers UNAVAILABLE."
+            )
+
+    def _restart(self) -> None:
+        """Load this model again, after a backoff, unless it restarted too often."""
+        policy = self.restart_policy
+        times = self.restarts.record()
+        attempt = RestartLedger.attempt(times, policy)
+        if attempt > policy.max_restarts:
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({self._restart_cause}); "
+                f"not restarting: {attempt - 1} restart(s) in the last {policy.window_s:.0f} s "
+                f"(engine_restart_max {policy.max_restarts}). Load it again by hand."
+            )
+            return
+        delay = policy.delay_s(attempt)
+        pb_utils.Logger.log_error(
+            f"[tritonforge] {self.model_name}: engine failed ({self._restart_cause}); "
+            f"restart {attempt}/{policy.max_restarts} in {delay:.1f} s"
+        )
+        time.sleep(delay)
+        try:
+            pb_utils.load_model(self.model_name)
+        except Exception as exc:  # the server is shutting down, or the load failed
+            pb_utils.Logger.log_error(f"[tritonforge] {self.model_name}: reload failed: {exc}")
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -208,6 +262,8 @@ class LLMModel:
     def finalize(self) -> None:
         self.runtime.stop()  # the response thread is done: nothing records any more
         self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
+        if self._restart_cause is not None and self.restart_policy.max_restarts > 0:
+            self._restart()
 
 
 def make_model(engine_class: type[Engine], dialect: Dialect = COMMON) -> type[LLMModel]:

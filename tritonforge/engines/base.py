@@ -138,6 +138,14 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its engine resources (idempotent)."""
 
+    def failure(self) -> str | None:
+        """Why the engine can no longer serve (it died), or None while it can.
+
+        The runtime's watchdog calls it every poll interval, requests or not, so it
+        must be cheap and must not block; the default engine never dies.
+        """
+        return None
+
     def stats(self) -> EngineStats:
         """Current scheduler state; engines without one report zeros."""
         return EngineStats()

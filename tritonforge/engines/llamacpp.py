@@ -176,6 +176,7 @@ class LlamaCppEngine(Engine):
         self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        self._stopping = False
         self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
         self._queued = 0
         self._running = 0
@@ -214,6 +215,7 @@ class LlamaCppEngine(Engine):
         self._worker.start()
 
     async def shutdown(self) -> None:
+        self._stopping = True
         for job in self._jobs.handles():
             job.cancel.set()
         self._queue.put(None)
@@ -221,6 +223,14 @@ class LlamaCppEngine(Engine):
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
+
+    def failure(self) -> str | None:
+        # One worker thread runs every sequence; a job's own error never ends it, so
+        # a worker that is gone without a shutdown took the engine with it.
+        worker = self._worker
+        if worker is not None and not worker.is_alive() and not self._stopping:
+            return "the llama.cpp worker thread exited"
+        return None
 
     def _special_text(self, token: int) -> str:
         """A special token's text for the chat template ("" where the model has none)."""

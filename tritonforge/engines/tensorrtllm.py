@@ -22,9 +22,10 @@ requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -172,6 +173,7 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         self._api = api
         self.cancellation_poll_s = cancellation_poll_s
         self._llm: Any = None
+        self._fatal: str | None = None  # the LLM API's background failure, once seen
         self._requests: RequestTracker[Any] = RequestTracker(release=_abort_unfinished)
 
     @classmethod
@@ -237,7 +239,7 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         # on the text holds back possible stop prefixes and cuts exactly, as for the
         # other engines; the engine is asked to keep stop strings so text only grows.
         stops = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
-        with self._requests.track(request_id, result):
+        with self._requests.track(request_id, result), self._watch_for_death():
             async for output in result:
                 completion = output.outputs[0]
                 text, hit = stops.feed(completion.text_diff)
@@ -257,6 +259,21 @@ class TensorRTLLMEngine(HFTokenizedEngine):
                 )
                 if finished:
                     return
+
+    def failure(self) -> str | None:
+        return self._fatal
+
+    @contextlib.contextmanager
+    def _watch_for_death(self) -> Iterator[None]:
+        """The LLM API re-raises its executor's background failure into every caller
+        (a RuntimeError); a rejected request raises ValueError/TypeError instead."""
+        try:
+            yield
+        except (ValueError, TypeError):
+            raise
+        except Exception as exc:
+            self._fatal = f"the TensorRT-LLM executor failed: {exc!r}"
+            raise
 
     async def abort(self, request_id: str) -> None:
         result = self._requests.get(request_id)

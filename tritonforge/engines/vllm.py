@@ -139,5 +139,13 @@ class VllmEngine(HFTokenizedEngine):
         if self._engine is not None:
             await self._engine.abort(request_id)
 
+    def failure(self) -> str | None:
+        # vLLM's own monitor marks the engine dead as soon as an engine-core process
+        # exits, and its output handler stops on any engine error.
+        engine = self._engine
+        if engine is not None and engine.errored:
+            return "the vLLM engine core stopped (process exited or engine error)"
+        return None
+
     def stats(self) -> EngineStats:
         return _SchedulerSnapshot.latest
