@@ -8,7 +8,9 @@ separate response thread, so a slow client or a metrics call never stalls the en
 Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serve`` on
 the loop (prepare prompt, iterate engine deltas, stream or aggregate) → responses on
 the response thread → one record for the metrics. A cancelled client request is
-noticed by a periodic poll and aborted in the engine, which ends its iterator.
+noticed by a periodic poll and aborted in the engine, which ends its iterator. A
+request past its deadline (``timeout_s``, or Triton's request ``timeout``) is aborted
+too and answered with :class:`~tritonforge.errors.DeadlineExceeded`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
-from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
+from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.responses import Generation, build_outputs, merge_outputs
 from tritonforge.schema import GenerateRequest
 
@@ -67,9 +69,33 @@ class Logger(Protocol):
     def log_error(self, msg: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be over (``time.monotonic()``), and the limit that set it."""
+
+    at: float
+    seconds: float
+    source: str
+
+    @staticmethod
+    def tightest(timeout_s: float | None, triton_timeout_s: float | None) -> Deadline | None:
+        """The smaller of the client's ``timeout_s`` and Triton's request timeout, from now."""
+        now = time.monotonic()
+        limits = [
+            Deadline(now + seconds, seconds, source)
+            for seconds, source in (
+                (timeout_s, "timeout_s"),
+                (triton_timeout_s, "Triton request timeout"),
+            )
+            if seconds is not None
+        ]
+        return min(limits, key=lambda d: d.at, default=None)
+
+
 @dataclass
 class _Inflight:
     channel: Channel
+    deadline: Deadline | None = None
     cancelled: bool = False
     task: asyncio.Task | None = None
 
@@ -148,12 +174,16 @@ class Runtime:
 
     # --- request path ----------------------------------------------------------
 
-    def submit(self, request: GenerateRequest, channel: Channel) -> None:
+    def submit(
+        self, request: GenerateRequest, channel: Channel, triton_timeout_s: float | None = None
+    ) -> None:
         """Hand a parsed request to the engine loop (called on Triton's thread).
 
         The prompt is prepared here so that its errors are answered from ``execute()``
         itself: an error response sent later, from another thread, never completes
         for a BLS caller in python backend 24.10 and wedges the caller's unload.
+        ``triton_timeout_s`` is Triton's own request timeout when the client set one;
+        the request's deadline is the smaller of it and ``timeout_s``, counted from here.
         """
         prepared = self.engine.prepare(request)
         with self._lock:
@@ -165,7 +195,8 @@ class Runtime:
                     "retry later"
                 )
             request_id = uuid.uuid4().hex
-            entry = _Inflight(channel)
+            deadline = Deadline.tightest(request.sampling.timeout_s, triton_timeout_s)
+            entry = _Inflight(channel, deadline)
             self._inflight[request_id] = entry
         self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
@@ -188,12 +219,14 @@ class Runtime:
         prompt_tokens = generated = 0
         outcome = "failed"
         finished = False
+        closed = False  # a streamed response carrying FINAL went out
         try:
             prompt_tokens = len(prepared.token_ids)
             prefix = prepared.text if request.prepend_input and prepared.text else ""
             generation = Generation()
             held: EngineOutput | None = None
-            async for delta in self.engine.generate(request_id, prepared, request.sampling):
+            deltas = self.engine.generate(request_id, prepared, request.sampling)
+            async for delta in _until(entry.deadline, deltas):
                 if entry.cancelled:
                     break
                 if delta.token_ids and first_token_at is None:
@@ -212,6 +245,7 @@ class Runtime:
                 if held.text or finished:
                     outputs = build_outputs(held, request.returns, prompt_tokens)
                     self._send(entry, outputs, None, finished)
+                    closed = finished
                     held = None
             if entry.cancelled:
                 outcome = "cancelled"
@@ -231,6 +265,10 @@ class Runtime:
                 outcome = "finished"
         except RequestError as exc:
             self._send(entry, None, exc, True)
+        except DeadlineExceeded as exc:
+            await self._abort_quietly(request_id)
+            if not closed:  # responses already streamed stay sent; this one is FINAL
+                self._send(entry, None, exc, True)
         except asyncio.CancelledError:
             await self._abort_quietly(request_id)
             self._send(entry, None, EngineUnavailable("the model was unloaded mid-request"), True)
@@ -296,3 +334,31 @@ class Runtime:
                 job()
             except Exception as exc:
                 self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+
+
+async def _until(
+    deadline: Deadline | None, deltas: AsyncIterator[EngineOutput]
+) -> AsyncIterator[EngineOutput]:
+    """The engine's deltas until ``deadline``; past it, raise :class:`DeadlineExceeded`.
+
+    The wait for each delta is bounded, not just checked between deltas, so a request
+    ends on time whatever the engine is doing with it (queued behind others, evaluating
+    a long prompt). Expiry cancels that wait inside the engine's iterator, which closes
+    it and releases the engine request; the runtime then aborts the request as well.
+    """
+    if deadline is None:
+        async for delta in deltas:
+            yield delta
+        return
+    while True:
+        expiry = asyncio.timeout(deadline.at - time.monotonic())
+        try:
+            async with expiry:
+                delta = await anext(deltas)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if not expiry.expired():
+                raise  # the engine's own TimeoutError: a failure like any other
+            raise DeadlineExceeded(deadline.seconds, deadline.source) from None
+        yield delta
