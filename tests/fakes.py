@@ -10,6 +10,7 @@ tests/contract/trtllm_standin.py, a stand-in of the documented LLM API instead.)
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -29,12 +30,20 @@ from tritonforge.sampling import SamplingParams
 
 
 class ScriptedEngine(Engine):
-    """Answers every request with the same deltas; one token per prompt character."""
+    """Answers every request with the same deltas; one token per prompt character.
+
+    ``delay_s`` waits before each delta (a slow engine, for deadlines). ``aborted`` and
+    ``closed`` keep the ids of requests the runtime aborted and whose iterator ended
+    early (closed or cancelled before its last delta): the engine work was freed.
+    """
 
     config_file = ConfigFile("none")
 
-    def __init__(self, script: Sequence[EngineOutput] = ()) -> None:
+    def __init__(self, script: Sequence[EngineOutput] = (), delay_s: float = 0.0) -> None:
         self.script = list(script)
+        self.delay_s = delay_s
+        self.aborted: list[str] = []
+        self.closed: list[str] = []
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> ScriptedEngine:
@@ -61,10 +70,19 @@ class ScriptedEngine(Engine):
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
-        for delta in self.script:
-            yield delta
+        done = False
+        try:
+            for delta in self.script:
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                yield delta
+            done = True
+        finally:
+            if not done:
+                self.closed.append(request_id)
 
-    async def abort(self, request_id: str) -> None: ...
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
 
 
 class RecordingChannel:

@@ -23,3 +23,20 @@ class EngineBusy(RuntimeError):
 
 class EngineUnavailable(RuntimeError):
     """The engine is shutting down or failed; the request was not (fully) served."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """A request ran past its deadline and was aborted in the engine.
+
+    Triton 2.51's python backend has no DEADLINE_EXCEEDED code; the edge answers
+    UNAVAILABLE, as Triton itself does for a request whose timeout expires in a
+    scheduler queue ("Request timeout expired"). The message names the limit.
+    """
+
+    def __init__(self, seconds: float, source: str) -> None:
+        self.seconds = seconds
+        self.source = source
+        super().__init__(
+            f"deadline exceeded: the request ran longer than its {source} of {seconds:g} s "
+            "and was aborted"
+        )

@@ -8,7 +8,9 @@ separate response thread, so a slow client or a metrics call never stalls the en
 Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serve`` on
 the loop (prepare prompt, iterate engine deltas, stream or aggregate) → responses on
 the response thread → one record for the metrics. A cancelled client request is
-noticed by a periodic poll and aborted in the engine, which ends its iterator.
+noticed by a periodic poll and aborted in the engine, which ends its iterator. A
+request past its deadline (``timeout_s``, or Triton's request ``timeout``) is aborted
+too and answered with :class:`~tritonforge.errors.DeadlineExceeded`.
 
 The same poll is the engine's watchdog: once :meth:`Engine.failure` names a cause
 (the engine process died, its worker thread ended), every request in flight ends with
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
-from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
+from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.responses import Generation, build_outputs, merge_outputs
 from tritonforge.schema import GenerateRequest
 
@@ -103,13 +105,39 @@ class Logger(Protocol):
     def log_error(self, msg: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be over (``time.monotonic()``), and the limit that set it."""
+
+    at: float
+    seconds: float
+    source: str
+
+    @staticmethod
+    def tightest(timeout_s: float | None, triton_timeout_s: float | None) -> Deadline | None:
+        """The smaller of the client's ``timeout_s`` and Triton's request timeout, from now."""
+        now = time.monotonic()
+        limits = [
+            Deadline(now + seconds, seconds, source)
+            for seconds, source in (
+                (timeout_s, "timeout_s"),
+                (triton_timeout_s, "Triton request timeout"),
+            )
+            if seconds is not None
+        ]
+        return min(limits, key=lambda d: d.at, default=None)
+
+
 @dataclass
 class _Inflight:
     channel: Channel
+    deadline: Deadline | None = None
     cancelled: bool = False
     task: asyncio.Task | None = None
     #: Why the runtime ended the request (the engine failed), if it did.
     failure: EngineUnavailable | None = None
+    #: Its FINAL response went out: nothing more may follow (one FINAL per request).
+    closed: bool = False
 
 
 class Runtime:
@@ -189,12 +217,16 @@ class Runtime:
 
     # --- request path ----------------------------------------------------------
 
-    def submit(self, request: GenerateRequest, channel: Channel) -> None:
+    def submit(
+        self, request: GenerateRequest, channel: Channel, triton_timeout_s: float | None = None
+    ) -> None:
         """Hand a parsed request to the engine loop (called on Triton's thread).
 
         The prompt is prepared here so that its errors are answered from ``execute()``
         itself: an error response sent later, from another thread, never completes
         for a BLS caller in python backend 24.10 and wedges the caller's unload.
+        ``triton_timeout_s`` is Triton's own request timeout when the client set one;
+        the request's deadline is the smaller of it and ``timeout_s``, counted from here.
         Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
         """
         prepared = self.engine.prepare(request)
@@ -209,7 +241,8 @@ class Runtime:
                     "retry later"
                 )
             request_id = uuid.uuid4().hex
-            entry = _Inflight(channel)
+            deadline = Deadline.tightest(request.sampling.timeout_s, triton_timeout_s)
+            entry = _Inflight(channel, deadline)
             self._inflight[request_id] = entry
         self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
@@ -222,6 +255,10 @@ class Runtime:
         self._jobs.put(job)
 
     def _send(self, entry: _Inflight, tensors: Any, error: Exception | None, final: bool) -> None:
+        """Queue one response for the response thread (only ever called on the loop)."""
+        if entry.closed:
+            return
+        entry.closed = final
         self._post(lambda: entry.channel.send(tensors, error, final))
 
     async def _serve(
@@ -243,6 +280,9 @@ class Runtime:
                 outcome = "finished"
         except (RequestError, EngineUnavailable) as exc:
             self._send(entry, None, exc, True)
+        except DeadlineExceeded as exc:
+            await self._abort_quietly(request_id)
+            self._send(entry, None, exc, True)  # after a streamed FINAL: nothing more
         except asyncio.CancelledError:
             await self._abort_quietly(request_id)
             error = entry.failure or EngineUnavailable("the model was unloaded mid-request")
@@ -272,7 +312,8 @@ class Runtime:
         """The engine's deltas until it finishes or the client cancels."""
         if self._failure is not None:  # failed between submit() and now
             raise self._failure_error()
-        async for delta in self.engine.generate(request_id, prepared, request.sampling):
+        deltas = self.engine.generate(request_id, prepared, request.sampling)
+        async for delta in _until(entry.deadline, deltas):
             if entry.cancelled:
                 return
             timing.saw(delta)
@@ -395,3 +436,31 @@ class Runtime:
                 job()
             except Exception as exc:
                 self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+
+
+async def _until(
+    deadline: Deadline | None, deltas: AsyncIterator[EngineOutput]
+) -> AsyncIterator[EngineOutput]:
+    """The engine's deltas until ``deadline``; past it, raise :class:`DeadlineExceeded`.
+
+    The wait for each delta is bounded, not just checked between deltas, so a request
+    ends on time whatever the engine is doing with it (queued behind others, evaluating
+    a long prompt). Expiry cancels that wait inside the engine's iterator, which closes
+    it and releases the engine request; the runtime then aborts the request as well.
+    """
+    if deadline is None:
+        async for delta in deltas:
+            yield delta
+        return
+    while True:
+        expiry = asyncio.timeout(deadline.at - time.monotonic())
+        try:
+            async with expiry:
+                delta = await anext(deltas)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if not expiry.expired():
+                raise  # the engine's own TimeoutError: a failure like any other
+            raise DeadlineExceeded(deadline.seconds, deadline.source) from None
+        yield delta

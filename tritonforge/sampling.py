@@ -54,6 +54,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutput | None = None
     n: int = 1
+    #: Seconds the request may run before it is aborted (None: no limit). A request
+    #: limit rather than a sampling knob: it lives here because clients send it with
+    #: the sampling keys, so one vocabulary validates it. The runtime enforces it;
+    #: engine adapters ignore it.
+    timeout_s: float | None = None
 
     def seed_or_random(self) -> int:
         """The client's seed, else a fresh one for this request.
@@ -188,6 +193,7 @@ _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
     "include_stop_str_in_output": (_as_bool, None, ""),
     "structured_outputs": (_as_structured, None, ""),
     "n": (_as_int, lambda v: v == 1, "only n = 1 is supported (one sequence per request)"),
+    "timeout_s": (_as_float, lambda v: v > 0, "must be a positive number of seconds"),
 }
 # Older vllm_backend clients spell structured output ``guided_decoding``.
 _ALIASES = {"guided_decoding": "structured_outputs"}

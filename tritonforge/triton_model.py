@@ -24,7 +24,7 @@ from tritonforge.cancellation import CancelBoard
 from tritonforge.dialects import COMMON, Dialect
 from tritonforge.engine_config import load_engine_config
 from tritonforge.engines.base import Engine
-from tritonforge.errors import EngineBusy, EngineUnavailable, RequestError
+from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.restarts import RestartLedger, RestartPolicy
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
@@ -64,7 +64,9 @@ def triton_error(exc: BaseException) -> Any:
     """Map core exceptions to Triton error codes clients can act on."""
     if isinstance(exc, RequestError):
         code = pb_utils.TritonError.INVALID_ARG
-    elif isinstance(exc, EngineBusy | EngineUnavailable):
+    elif isinstance(exc, EngineBusy | EngineUnavailable | DeadlineExceeded):
+        # python_backend 24.10 has no DEADLINE_EXCEEDED; Triton answers its own expired
+        # request timeouts UNAVAILABLE too (HTTP 503, gRPC UNAVAILABLE).
         code = pb_utils.TritonError.UNAVAILABLE
     elif isinstance(exc, asyncio.CancelledError):
         code = pb_utils.TritonError.CANCELLED
@@ -134,6 +136,18 @@ class TritonChannel:
         if self._closed:
             return False  # finished: its response factory no longer exists
         return self._sender.is_cancelled() or self._board.is_cancelled(self._request_id)
+
+
+def triton_timeout_s(request: Any) -> float | None:
+    """Triton's own request timeout in seconds, None if the client set none.
+
+    Clients set it as the ``timeout`` request parameter in microseconds (tritonclient's
+    ``timeout=``); Triton's frontends consume it and python_backend hands it over as
+    ``request.timeout()``, 0 meaning none. Triton itself enforces it only in a
+    dynamic batcher's queue, which these models do not have: the runtime does.
+    """
+    micros = request.timeout()
+    return micros / 1_000_000 if micros else None
 
 
 def _request_parameters(request: Any) -> dict[str, Any]:
@@ -251,7 +265,7 @@ class LLMModel:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 inputs, dialect_sampling = self.dialect.translate(raw)
                 parsed = parse_request(inputs, _request_parameters(request), dialect_sampling)
-                self.runtime.submit(parsed, channel)
+                self.runtime.submit(parsed, channel, triton_timeout_s(request))
             except (RequestError, EngineBusy, EngineUnavailable) as exc:
                 channel.send(None, exc, True)
             except Exception as exc:

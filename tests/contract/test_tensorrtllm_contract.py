@@ -253,6 +253,18 @@ def test_prompt_longer_than_max_seq_len_is_a_request_error(engine) -> None:
         engine.prepare(parsed)
 
 
+def test_prompt_plus_max_tokens_beyond_max_seq_len_is_a_request_error(engine) -> None:
+    """The core's context rule reaches this adapter: max_seq_len is its context."""
+    prompt = engine.prepare(request())
+    fits = 256 - len(prompt.token_ids)
+    assert engine.prepare(request(max_tokens=fits)) == prompt
+    with pytest.raises(RequestError) as info:
+        engine.prepare(request(max_tokens=fits + 1))
+    assert info.value.field == "sampling_parameters.max_tokens"
+    assert f"prompt ({len(prompt.token_ids)} tokens) + max_tokens ({fits + 1})" in info.value.rule
+    assert "context of 256 tokens" in info.value.rule
+
+
 # --- the whole core path: Runtime + adapter + stand-in -------------------------------
 
 
@@ -276,7 +288,8 @@ def test_runtime_streams_and_cancels_through_the_adapter(monkeypatch) -> None:
         assert len(streamed.sent) > 1 and streamed.sent[-1][2]
 
         cancelled = RecordingChannel(cancel_after=3)
-        long = np.array([b'{"max_tokens": 1500, "ignore_eos": true}'], dtype=np.object_)
+        # 200: within max_seq_len (256), which the core enforces for prompt + max_tokens.
+        long = np.array([b'{"max_tokens": 200, "ignore_eos": true}'], dtype=np.object_)
         stream = {"text_input": prompt, "sampling_parameters": long, "stream": np.array([True])}
         runtime.submit(parse_request(stream), cancelled)
         metrics.wait_for(3)

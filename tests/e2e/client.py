@@ -86,14 +86,20 @@ def stream(
     stop_after: int | None = None,
     timeout_s: float = 120.0,
     on_response: Callable[[int], None] | None = None,
+    request_timeout_us: int | None = None,
 ) -> StreamResult:
-    """One request over a gRPC stream; ``stop_after`` N responses cancels it."""
+    """One request over a gRPC stream; ``stop_after`` N responses cancels it.
+
+    ``request_timeout_us`` is Triton's own request ``timeout`` parameter (microseconds).
+    """
     events: queue.Queue = queue.Queue()
     result = StreamResult()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: events.put((result, error)))
     try:
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, inputs, enable_empty_final_response=True, timeout=request_timeout_us
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             res, err = events.get(timeout=max(0.1, deadline - time.monotonic()))

@@ -11,10 +11,13 @@ activations and vLLM the dequantised bf16 weights, so their greedy answers diffe
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import jsonschema
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 
@@ -248,6 +251,99 @@ def test_cancelled_stream_stops_the_engine_work(server, model: str) -> None:
     assert run(server, model, sampling=GREEDY, stream=False).text  # still serving
 
 
+# --- limits: the context, the deadline -------------------------------------------------
+
+OVER_CONTEXT = re.compile(
+    r"sampling_parameters\.max_tokens: prompt \((\d+) tokens\) \+ max_tokens \((\d+)\) "
+    r"exceeds the model's context of (\d+) tokens"
+)
+
+
+def ids_inputs(ids: list[int], sampling: dict) -> list[grpcclient.InferInput]:
+    """A non-streamed token-id request (the prompt's length is exact, whatever the engine)."""
+    tensor = grpcclient.InferInput("input_ids", [len(ids)], "INT32")
+    tensor.set_data_from_numpy(np.array(ids, dtype=np.int32))
+    return [
+        tensor,
+        bytes_input("sampling_parameters", json.dumps(sampling)),
+        bool_input("stream", False),
+        bool_input("return_finish_reason", True),
+    ]
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_is_refused_naming_both(server, model) -> None:
+    refused = stream(server.grpc_url, model, llm_inputs(PROMPT, sampling={"max_tokens": 100000}))
+    assert refused.error is not None and refused.error.status() == "StatusCode.INVALID_ARGUMENT"
+    found = OVER_CONTEXT.search(refused.error.message())
+    assert found and found.group(2) == "100000", refused.error.message()
+    context = int(found.group(3))
+    # A prompt that leaves 8 tokens of room: 9 is refused, and so is the default (16).
+    tokenizer = AutoTokenizer.from_pretrained(models_dir() / DEFAULT_MODEL_NAME)
+    ids = tokenizer.encode(" word", add_special_tokens=False)[:1] * (context - 8)
+    for sampling, asked in (({"max_tokens": 9}, 9), ({}, 16)):
+        over = stream(server.grpc_url, model, ids_inputs(ids, sampling))
+        assert over.error is not None, sampling
+        found = OVER_CONTEXT.search(over.error.message())
+        assert found, over.error.message()
+        assert [int(n) for n in found.groups()] == [context - 8, asked, context]
+    # Exactly filling the context is served in full (the rule is not off by one).
+    full = stream(server.grpc_url, model, ids_inputs(ids, {"max_tokens": 8, "ignore_eos": True}))
+    assert full.error is None, full.error
+    assert len(single(full, "output_ids")) == 8
+    assert single(full, "finish_reason")[0] == b"length"
+    assert run(server, model, sampling=GREEDY, stream=False).text  # still serving
+
+
+def _running(server, model: str) -> float:
+    return metric(server.metrics_url, f"{ENGINES[model]}:num_requests_running", model=model)
+
+
+DEADLINE_LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+
+
+def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) -> None:
+    wait_for(lambda: _running(server, model) == 0, what="an idle engine")
+    started = time.monotonic()
+    result = stream(
+        server.grpc_url, model, llm_inputs(PROMPT, sampling={**DEADLINE_LONG, "timeout_s": 0.5})
+    )
+    assert time.monotonic() - started < 5
+    assert result.error is not None and result.error.status() == "StatusCode.UNAVAILABLE"
+    message = result.error.message()
+    assert "deadline exceeded" in message and "timeout_s of 0.5 s" in message, message
+    # The engine stopped generating (no client cancelled it: the error came first).
+    wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
+    assert run(server, model, sampling=GREEDY, stream=False).text  # still serving
+
+
+def test_timeout_s_ends_a_non_streamed_http_generate(server, model: str) -> None:
+    """The remedy for a /generate client that leaves: Triton 2.51 never says it left."""
+    body = {"text_input": PROMPT, "parameters": {**DEADLINE_LONG, "timeout_s": 0.5}}
+    started = time.monotonic()
+    reply = requests.post(
+        f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=60
+    )
+    assert time.monotonic() - started < 5
+    assert reply.status_code == 503 and "deadline exceeded" in reply.json()["error"], reply.text
+    wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
+
+
+def test_tritons_request_timeout_is_the_same_deadline(server, model: str) -> None:
+    """Triton's own ``timeout`` parameter (microseconds; tritonclient's ``timeout=``)."""
+    wait_for(lambda: _running(server, model) == 0, what="an idle engine")
+    started = time.monotonic()
+    result = stream(
+        server.grpc_url,
+        model,
+        llm_inputs(PROMPT, sampling={**DEADLINE_LONG, "timeout_s": 60}),
+        request_timeout_us=500_000,
+    )
+    assert time.monotonic() - started < 5
+    assert result.error is not None and result.error.status() == "StatusCode.UNAVAILABLE"
+    assert "Triton request timeout of 0.5 s" in result.error.message(), result.error.message()
+    wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
+
+
 # --- bad input -------------------------------------------------------------------------
 
 LONG_PROMPT = "word " * 2100
@@ -261,6 +357,7 @@ LONG_PROMPT = "word " * 2100
         ({"text_input": "hi", "parameters": {"max_tokens": 0}}, "max_tokens: must be >= 1"),
         ({"text_input": "hi", "parameters": {"top_p": 1.5}}, "top_p: must be in (0, 1]"),
         ({"text_input": "hi", "parameters": {"n": 2}}, "n: only n = 1 is supported"),
+        ({"text_input": "hi", "parameters": {"timeout_s": 0}}, "timeout_s: must be a positive"),
         ({"text_input": ""}, "text_input: must not be empty"),
         ({"text_input": LONG_PROMPT}, "text_input: prompt is"),
         ({"messages": '[{"role": "user"}]'}, "messages[0].content: must be a string"),

@@ -178,11 +178,24 @@ class Engine(abc.ABC):
                     f"token id {token} is out of range (vocabulary size {self.vocab_size})",
                 )
         # At least one token of room must remain for the output.
-        if len(prepared.token_ids) >= self.max_context:
+        prompt_tokens, context = len(prepared.token_ids), self.max_context
+        if prompt_tokens >= context:
             raise RequestError(
                 field_name,
-                f"prompt is {len(prepared.token_ids)} tokens; the model's context is "
-                f"{self.max_context} tokens and must leave room for at least one output token",
+                f"prompt is {prompt_tokens} tokens; the model's context is "
+                f"{context} tokens and must leave room for at least one output token",
+            )
+        # The whole request must fit, as vLLM's own server requires: an engine would
+        # otherwise stop at the context silently (finish_reason "length") or, in
+        # llama.cpp's case, run past it. The rule is the same when max_tokens is the
+        # default (16): a client near the limit learns it must ask for fewer.
+        max_tokens = request.sampling.max_tokens
+        if prompt_tokens + max_tokens > context:
+            raise RequestError(
+                "sampling_parameters.max_tokens",
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the "
+                f"model's context of {context} tokens; ask for at most "
+                f"{context - prompt_tokens} tokens",
             )
         return prepared
 

@@ -140,7 +140,7 @@ class _Decoding:
     pieces: list[bytes]
     ends_generation: np.ndarray
     stream: TextStream
-    limit: int  # tokens it may still generate: max_tokens, capped by the context
+    limit: int  # max_tokens; Engine.prepare already checked it fits the context
     generated: int = 0
     cumulative_logprob: float | None = None
 
@@ -382,7 +382,7 @@ class LlamaCppEngine(Engine):
             pieces=self._vocab.pieces(params.skip_special_tokens),
             ends_generation=self._vocab.ends_generation,
             stream=TextStream(params.stop, params.include_stop_str_in_output),
-            limit=min(params.max_tokens, llama.n_ctx() - len(job.prompt)),
+            limit=params.max_tokens,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
 
