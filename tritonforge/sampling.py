@@ -24,12 +24,22 @@ MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 
 
+#: Options that may stand beside the kind (vLLM's names).
+STRUCTURED_OPTIONS = ("disable_any_whitespace",)
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
-    """A constraint on the generated text: exactly one kind with its value."""
+    """A constraint on the generated text: exactly one kind with its value.
+
+    ``disable_any_whitespace`` (``json``/``json_object`` only) asks for JSON without
+    free whitespace between tokens: vLLM's JSON grammar otherwise allows any amount,
+    and a small greedy model can spend its whole budget on newlines.
+    """
 
     kind: str
     value: Any
+    disable_any_whitespace: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,9 +154,15 @@ def _as_structured(name: str, value: Any) -> StructuredOutput:
     if not isinstance(value, dict):
         raise RequestError(name, f"expected an object with one of {STRUCTURED_KINDS}")
     kinds = [k for k in value if k in STRUCTURED_KINDS]
-    unknown = sorted(set(value) - set(STRUCTURED_KINDS))
+    unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
     if unknown:
-        raise RequestError(f"{name}.{unknown[0]}", f"unknown key; use one of {STRUCTURED_KINDS}")
+        raise RequestError(
+            f"{name}.{unknown[0]}",
+            f"unknown key; use one of {STRUCTURED_KINDS} (options: {STRUCTURED_OPTIONS})",
+        )
+    compact = value.get("disable_any_whitespace", False)
+    if not isinstance(compact, bool):
+        raise RequestError(f"{name}.disable_any_whitespace", "expected true or false")
     if len(kinds) != 1:
         raise RequestError(name, f"give exactly one of {STRUCTURED_KINDS}, got {kinds or 'none'}")
     kind = kinds[0]
@@ -168,7 +184,11 @@ def _as_structured(name: str, value: Any) -> StructuredOutput:
             raise RequestError(where, "expected a non-empty list of strings")
     elif spec is not True:
         raise RequestError(where, "expected true")
-    return StructuredOutput(kind, spec)
+    if compact and kind not in ("json", "json_object"):
+        raise RequestError(
+            f"{name}.disable_any_whitespace", f"applies to json and json_object, not {kind}"
+        )
+    return StructuredOutput(kind, spec, compact)
 
 
 # --- the vocabulary: key -> (coercion, rule check or None, rule text) ------------

@@ -169,6 +169,13 @@ def test_structured_outputs_map_to_guided_decoding(engine, structured, expected)
     assert {k: getattr(guided, k) for k in expected} == expected
 
 
+def test_compact_json_is_refused_naming_the_option(engine) -> None:
+    """GuidedDecodingParams has no whitespace switch: say so instead of ignoring it."""
+    compact = {"json": {"type": "object"}, "disable_any_whitespace": True}
+    with pytest.raises(RequestError, match="disable_any_whitespace: not supported"):
+        run(engine, max_tokens=2, structured_outputs=compact)
+
+
 # --- streamed outputs -> deltas ------------------------------------------------------
 
 

@@ -57,7 +57,11 @@ def test_streamed_greedy_output_equals_vllm_model_response_by_response(
     assert result.error is None, result.error
     assert len(result.responses) > 1  # really streamed
     assert result.texts() == direct[prompt]
-    assert "\ufffd" not in result.text  # no character was split between responses
+    # No character split between responses: a streamed response decodes to no more
+    # replacement characters than vLLM's whole text has (the model itself may emit an
+    # invalid byte sequence; which one depends on the CPU's numerics).
+    whole = stream(server.grpc_url, DIRECT, llm_inputs(prompt, CASES[prompt], stream=False))
+    assert result.text.count("\ufffd") == whole.text.count("\ufffd"), result.texts()
 
 
 @pytest.mark.parametrize("model", ENSEMBLES)

@@ -33,7 +33,12 @@ def test_genai_perf_kserve_vllm_format(triton_server, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (export,) = tmp_path.glob("*/profile_export_genai_perf.csv")
-    rows = {row[0]: row[1:] for row in csv.reader(export.open()) if row}
+    # genai-perf writes numbers with thousands separators ("2,231.73" ms on a busy CPU).
+    rows = {
+        row[0]: [cell.replace(",", "") for cell in row[1:]]
+        for row in csv.reader(export.open())
+        if row
+    }
     # genai-perf sends max_tokens as a string inside sampling_parameters and ignore_eos
     # is not set, so each answer has at most 8 tokens and at least one.
     average_output = float(rows["Output Sequence Length (tokens)"][0])

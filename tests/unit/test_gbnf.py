@@ -39,3 +39,12 @@ def test_what_llama_cpp_cannot_express_is_a_request_error_naming_the_kind(kind, 
     with pytest.raises(RequestError) as info:
         structured_gbnf(StructuredOutput(kind, value))
     assert info.value.field == f"sampling_parameters.structured_outputs.{kind}"
+
+
+def test_disable_any_whitespace_empties_the_whitespace_rule() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    loose = structured_gbnf(StructuredOutput("json", schema))
+    compact = structured_gbnf(StructuredOutput("json", schema, disable_any_whitespace=True))
+    assert 'space ::= ""' in compact.splitlines() and 'space ::= ""' not in loose.splitlines()
+    json_object = structured_gbnf(StructuredOutput("json_object", True, True))
+    assert 'ws ::= ""' in json_object.splitlines()

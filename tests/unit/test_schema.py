@@ -107,6 +107,16 @@ def test_transport_parameters_are_not_sampling_keys() -> None:
         ),
         ({"structured_outputs": {}}, "sampling_parameters.structured_outputs", "exactly one"),
         (
+            {"structured_outputs": {"regex": "a", "disable_any_whitespace": True}},
+            "sampling_parameters.structured_outputs.disable_any_whitespace",
+            "applies to json and json_object, not regex",
+        ),
+        (
+            {"structured_outputs": {"json_object": True, "disable_any_whitespace": "yes"}},
+            "sampling_parameters.structured_outputs.disable_any_whitespace",
+            "expected true or false",
+        ),
+        (
             {"structured_outputs": {"regex": "a", "choice": ["b"]}},
             "sampling_parameters.structured_outputs",
             "exactly one",

@@ -42,6 +42,16 @@ def _regex_gbnf(pattern: str) -> str:
     return converter.format_grammar()
 
 
+def _compact(grammar: str, rule: str, spec: StructuredOutput) -> str:
+    """With ``disable_any_whitespace``, the grammar's whitespace rule matches nothing."""
+    if not spec.disable_any_whitespace:
+        return grammar
+    lines = [
+        f'{rule} ::= ""' if line.startswith(f"{rule} ") else line for line in grammar.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def structured_gbnf(spec: StructuredOutput) -> str:
     """GBNF text for a structured-output constraint; RequestError names what failed.
 
@@ -57,9 +67,9 @@ def structured_gbnf(spec: StructuredOutput) -> str:
             )
             schema = converter.resolve_refs(spec.value, "request")
             converter.visit(schema, "")
-            return converter.format_grammar()
+            return _compact(converter.format_grammar(), "space", spec)
         if spec.kind == "json_object":
-            return JSON_GBNF
+            return _compact(JSON_GBNF, "ws", spec)
         if spec.kind == "regex":
             re.compile(spec.value)  # the converter accepts some malformed patterns
             return _regex_gbnf(spec.value)

@@ -40,6 +40,7 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
+from tritonforge.errors import RequestError
 from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import StopStringMatcher
 
@@ -125,6 +126,11 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
     guided = None
     if params.structured_outputs is not None:
         kind, value = params.structured_outputs.kind, params.structured_outputs.value
+        if params.structured_outputs.disable_any_whitespace:
+            raise RequestError(
+                "sampling_parameters.structured_outputs.disable_any_whitespace",
+                "not supported by TensorRT-LLM's guided decoding",
+            )
         if kind == "choice":
             guided = api.GuidedDecodingParams(regex="|".join(re.escape(c) for c in value))
         elif kind == "json_object":

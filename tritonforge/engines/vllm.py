@@ -56,8 +56,9 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     """Map the common vocabulary onto vLLM's SamplingParams (deltas, one sequence)."""
     structured = None
     if params.structured_outputs is not None:
+        spec = params.structured_outputs
         structured = StructuredOutputsParams(
-            **{params.structured_outputs.kind: params.structured_outputs.value}
+            **{spec.kind: spec.value}, disable_any_whitespace=spec.disable_any_whitespace
         )
     return VllmSamplingParams(
         n=1,
