@@ -7,19 +7,21 @@ own thread: it redacts the prompt, streams the inner model's text through a
 :class:`~tritonforge.guard.StreamGuard`, relays the released text, and turns an inner
 error or a client cancellation into exactly one final response.
 
-The inner stream is always drained to its end, cancelled or not. A BLS response
-iterator abandoned half-way leaves the callee's responses queued in the python
-backend's stub process, and that once made an unload hang; draining costs at most the
-callee's reaction time to the cancellation (one poll interval of its runtime).
+The inner stream is always drained to its end, cancelled or not — after the client's
+final response has gone out. A BLS response iterator abandoned half-way leaves the
+callee's responses queued in the python backend's stub process, and that once made an
+unload hang; draining costs at most the callee's reaction time to the cancellation (one
+poll interval of its runtime).
 
 Triton 2.51 workarounds W1 and W3, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -141,47 +143,55 @@ class GuardedChat:
         self.cancellation_poll_s = cancellation_poll_s
 
     def run(self, inner: InnerCall, outbox: Outbox) -> str:
-        """Relay the inner stream, guarded; returns the outcome for logs and metrics."""
+        """Relay the inner stream, guarded; returns the outcome for logs and metrics.
+
+        The client's FINAL response goes out as soon as the outcome is known; only then
+        is the rest of the inner stream drained (on this worker thread), so a slow or
+        cancelled callee never delays the client's end of the request.
+        """
+        events: Iterator[InnerEvent] = iter(())
+        try:
+            events = iter(inner(self.inputs.tensors, self.request_id))
+            return self._relay(events, outbox)
+        except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
+            outbox.close(None, InnerError(f"{self.inner_name}: {exc or type(exc).__name__}", None))
+            return "failed"
+        finally:
+            # Triton 2.51 workaround W3, see docs/triton-2.51-workarounds.md
+            with contextlib.suppress(Exception):
+                for _ in events:
+                    pass
+            self.board.clear(self.request_id)
+
+    def _relay(self, events: Iterator[InnerEvent], outbox: Outbox) -> str:
+        """Guard and relay until the inner stream ends, fails or the client cancels."""
         guard = StreamGuard()
         pending_input_findings: list[dict] | None = self.inputs.findings
         whole: list[str] = []
         found: list[Finding] = []
-        error: InnerEvent | None = None
-        cancelled = False
         last_poll = time.monotonic()
-        try:
-            for event in inner(self.inputs.tensors, self.request_id):
-                now = time.monotonic()
-                if not cancelled and now - last_poll >= self.cancellation_poll_s:
-                    last_poll = now
-                    if outbox.is_cancelled():
-                        cancelled = True
-                        # Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md
-                        self.board.cancel(self.request_id)
-                if cancelled or error is not None:
-                    # Drain: the inner request ends soon. Triton 2.51 workaround W3, see
-                    # docs/triton-2.51-workarounds.md
-                    continue
-                if event.error is not None:
-                    error = event
-                    continue
-                released, findings = guard.feed(event.text)
-                if not self.request.stream:
-                    whole.append(released)
-                    found += findings
-                elif released or findings:
-                    outbox.send(_response(released, findings, pending_input_findings))
-                    pending_input_findings = None
-        except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
-            error = InnerEvent(error=str(exc) or type(exc).__name__)
-        finally:
-            self.board.clear(self.request_id)
-        if cancelled or outbox.is_cancelled():
+        for event in events:
+            now = time.monotonic()
+            if now - last_poll >= self.cancellation_poll_s:
+                last_poll = now
+                if outbox.is_cancelled():
+                    # Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md
+                    self.board.cancel(self.request_id)
+                    outbox.close(None, ClientCancelled("request cancelled by the client"))
+                    return "cancelled"
+            if event.error is not None:
+                outbox.close(None, InnerError(f"{self.inner_name}: {event.error}", event.code))
+                return "failed"
+            released, findings = guard.feed(event.text)
+            if not self.request.stream:
+                whole.append(released)
+                found += findings
+            elif released or findings:
+                outbox.send(_response(released, findings, pending_input_findings))
+                pending_input_findings = None
+        if outbox.is_cancelled():
             outbox.close(None, ClientCancelled("request cancelled by the client"))
             return "cancelled"
-        if error is not None:
-            outbox.close(None, InnerError(f"{self.inner_name}: {error.error}", error.code))
-            return "failed"
         rest, findings = guard.finish()
         if self.request.stream:
             outbox.close(_response(rest, findings, pending_input_findings), None)

@@ -55,8 +55,9 @@ class _Outbox:
     has had one): a failed final send still sends a bare FINAL.
     """
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, request_id: str) -> None:
         self._sender = sender
+        self._request_id = request_id
         self._closed = False
 
     @staticmethod
@@ -72,15 +73,24 @@ class _Outbox:
             self._sender.send(self._response(tensors, None))
 
     def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
+        """The final response; a cancelled request gets its CANCELLED error, then FINAL."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._sender.send(self._response(tensors, error), flags=FINAL)
+            if isinstance(error, ClientCancelled):
+                self._sender.send(self._response(None, error))
+                self._sender.send(flags=FINAL)
+            else:
+                self._sender.send(self._response(tensors, error), flags=FINAL)
         except Exception:
             with contextlib.suppress(Exception):
                 self._sender.send(flags=FINAL)
             raise
+        finally:
+            # --log-verbose=1 shows every request's FINAL: a request missing from this
+            # log is the one an UNLOADING model still waits for.
+            pb_utils.Logger.log_verbose(f"[guarded_chat] FINAL sent for {self._request_id!r}")
 
     def is_cancelled(self) -> bool:
         return not self._closed and self._sender.is_cancelled()
@@ -120,7 +130,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            outbox = _Outbox(request.get_response_sender())
+            outbox = _Outbox(request.get_response_sender(), request.request_id())
             try:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 raw = request.parameters()
