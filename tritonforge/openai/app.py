@@ -285,10 +285,15 @@ class OpenAIServer:
 
 
 def create_app(
-    triton_grpc: str, default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS
+    triton_grpc: str,
+    default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
+    gateway: TritonGateway | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving Triton at ``triton_grpc`` (HOST:PORT) the OpenAI way."""
-    gateway = TritonGateway(triton_grpc)
+    """The FastAPI app serving Triton at ``triton_grpc`` (HOST:PORT) the OpenAI way.
+
+    ``gateway`` replaces the gRPC side (unit tests drive the routes with a fake one).
+    """
+    gateway = gateway or TritonGateway(triton_grpc)
     server = OpenAIServer(gateway, default_max_tokens)
 
     @asynccontextmanager
