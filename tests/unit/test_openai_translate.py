@@ -448,3 +448,52 @@ def test_models_and_health() -> None:
     assert [m["id"] for m in test_client.get("/v1/models").json()["data"]] == ["llm"]
     assert test_client.get("/health").json() == {"status": "ok"}
     assert test_client.get("/v1/nothing").json()["error"]["type"] == "not_found_error"
+
+
+# --- the gRPC side's parsing ------------------------------------------------------------
+
+
+def test_a_triton_response_is_read_straight_from_its_protobuf() -> None:
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    from tritonforge.openai.triton_client import parse_response
+
+    def text(value: str) -> bytes:
+        return serialize_byte_tensor(np.array([value.encode()], dtype=np.object_)).item()
+
+    response = service_pb2.ModelInferResponse()
+    tensors = {
+        "text_output": ("BYTES", text("Grüße")),
+        "finish_reason": ("BYTES", text("length")),
+        "num_input_tokens": ("UINT32", np.array([7], dtype=np.uint32).tobytes()),
+        "num_output_tokens": ("UINT32", np.array([2], dtype=np.uint32).tobytes()),
+        "logprobs": ("BYTES", text(json.dumps(CANDIDATES))),
+        "output_ids": ("INT32", np.array([7, 3], dtype=np.int32).tobytes()),
+    }
+    for name, (datatype, raw) in tensors.items():
+        response.outputs.add(name=name, datatype=datatype)
+        response.raw_output_contents.append(raw)
+    response.parameters["triton_final_response"].bool_param = True
+    output = parse_response(response)
+    assert (output.text, output.finish_reason, output.final) == ("Grüße", "length", True)
+    assert (output.num_input_tokens, output.num_output_tokens) == (7, 2)
+    assert output.logprobs == CANDIDATES and output.output_ids == [7, 3]
+
+    bare = service_pb2.ModelInferResponse()  # a model without the optional outputs
+    bare.outputs.add(name="text_output", datatype="BYTES")
+    bare.raw_output_contents.append(text(""))
+    parsed = parse_response(bare)
+    assert parsed.text == "" and parsed.finish_reason is None and not parsed.final
+
+
+def test_token_ids_outside_int32_are_a_400_naming_the_prompt() -> None:
+    from tritonforge.openai.triton_client import request_inputs
+
+    request = completion(prompt=[1, 2**31])
+    with pytest.raises(OpenAIError) as caught:
+        request_inputs(request)
+    assert (caught.value.status, caught.value.param) == (400, "prompt")
+    names = [t.name() for t in request_inputs(completion(prompt=[1, 2]))]
+    assert names[:2] == ["input_ids", "sampling_parameters"]
