@@ -106,6 +106,7 @@ def test_sampling_keys_and_vllm_extras_pass_through_unknown_keys_do_not() -> Non
         repetition_penalty=1.1,
         ignore_eos=True,
         min_tokens=2,
+        timeout_s=30,
         user="someone",
         metadata={"a": "b"},
         max_tokens=12,
@@ -122,6 +123,7 @@ def test_sampling_keys_and_vllm_extras_pass_through_unknown_keys_do_not() -> Non
         "repetition_penalty": 1.1,
         "ignore_eos": True,
         "min_tokens": 2,
+        "timeout_s": 30,
         "max_tokens": 12,
     }
     assert not request.default_max_tokens

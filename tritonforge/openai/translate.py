@@ -43,6 +43,7 @@ SAMPLING_KEYS = (
     "stop_token_ids",
     "skip_special_tokens",
     "include_stop_str_in_output",
+    "timeout_s",  # this project's: the request's deadline (README.md, "Deadlines")
 )
 #: vLLM's older structured-output extras → the schema's ``structured_outputs`` kinds.
 _GUIDED = {
