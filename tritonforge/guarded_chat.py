@@ -28,18 +28,34 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonforge.cancellation import CancelBoard
+from tritonforge.errors import RequestError
 from tritonforge.guard import Finding, StreamGuard, findings_json, redact
 from tritonforge.responses import text_tensor
-from tritonforge.schema import TRANSPORT_PARAMETERS, GenerateRequest
+from tritonforge.schema import TRANSPORT_PARAMETERS, GenerateRequest, ReturnFlags
 
 
 @dataclass(frozen=True)
 class InnerEvent:
-    """One response of the inner model: streamed text, or an error and its Triton code."""
+    """One response of the inner model: streamed text, or an error and its Triton code.
+
+    The counts and the finish reason are there when the client asked for them (the
+    ``return_*`` flags are passed on to the inner model).
+    """
 
     text: str = ""
     error: str | None = None
     code: int | None = None
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+
+
+#: ``return_*`` outputs relayed from the inner model: they describe the generation, not
+#: its text, so redaction leaves them true.
+RELAYED_RETURNS = ("finish_reason", "num_input_tokens", "num_output_tokens")
+#: Token-level outputs are refused: ids and per-token logprobs would spell out the very
+#: text the guard redacts.
+TOKEN_RETURNS = ("logprobs", "cumulative_logprob", "output_ids")
 
 
 class InnerError(RuntimeError):
@@ -74,10 +90,16 @@ InnerCall = Callable[[dict[str, np.ndarray], str], Iterable[InnerEvent]]
 
 @dataclass
 class GuardedInputs:
-    """The inner model's input tensors with the prompt redacted, and what was found."""
+    """The inner model's input tensors with the prompt redacted, and what was found.
+
+    ``echo`` is the redacted text prompt when the client's request asks for the prompt
+    before the answer (a non-streamed ``text_input`` without ``exclude_input_in_output``,
+    the schema's rule for every LLM model).
+    """
 
     tensors: dict[str, np.ndarray]
     findings: list[dict[str, Any]] = field(default_factory=list)
+    echo: str = ""
 
 
 def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> GuardedInputs:
@@ -86,9 +108,20 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
     Sampling keys given as request parameters are folded into the inner request's
     ``sampling_parameters`` JSON (the tensor wins on a clash, as in the schema), so
     ``/generate`` clients and tensor clients reach the LLM with the same settings.
+    The relayed ``return_*`` flags go to the inner model; token-level ones are refused.
     """
+    for name in TOKEN_RETURNS:
+        if getattr(request.returns, name):
+            raise RequestError(
+                f"return_{name}",
+                "guarded_chat returns no token-level outputs: they would carry the text "
+                "the guard redacts",
+            )
+    if request.prompt_ids is not None:
+        raise RequestError("input_ids", "guarded_chat needs text_input or messages to guard")
     tensors: dict[str, np.ndarray] = {}
     findings: list[dict[str, Any]] = []
+    echo = ""
     if request.messages is not None:
         messages = []
         for index, message in enumerate(request.messages):
@@ -97,12 +130,16 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
             messages.append({**message, "content": content})
         tensors["messages"] = text_tensor(json.dumps(messages))
     else:
-        assert request.prompt is not None, "guarded_chat serves text_input or messages"
+        assert request.prompt is not None
         text, found = redact(request.prompt)
         findings += [asdict(f) for f in found]
         tensors["text_input"] = text_tensor(text)
+        echo = text if request.prepend_input else ""
     tensors["stream"] = np.array([True])
-    return GuardedInputs(tensors, findings)
+    for name in RELAYED_RETURNS:
+        if getattr(request.returns, name):
+            tensors[f"return_{name}"] = np.array([True])
+    return GuardedInputs(tensors, findings, echo)
 
 
 def sampling_json(parameters: Mapping[str, Any], tensor_json: str | None) -> str | None:
@@ -113,14 +150,52 @@ def sampling_json(parameters: Mapping[str, Any], tensor_json: str | None) -> str
     return json.dumps(merged) if merged else None
 
 
-def _response(text: str, output: list[Finding], inputs: list[dict] | None) -> dict[str, np.ndarray]:
+@dataclass
+class _Counts:
+    """The inner model's counts and finish reason, handed out with the responses.
+
+    A streamed response carries the output tokens generated since the previous one it
+    sent (the guard may hold text back, so responses do not match inner deltas), which
+    add up to the inner model's total, as every LLM model's streamed counts do.
+    """
+
+    returns: ReturnFlags
+    num_input_tokens: int = 0
+    unsent_output_tokens: int = 0
+    finish_reason: str | None = None
+
+    def saw(self, event: InnerEvent) -> None:
+        if event.num_input_tokens is not None:
+            self.num_input_tokens = event.num_input_tokens
+        self.unsent_output_tokens += event.num_output_tokens or 0
+        if event.finish_reason not in (None, "", "None"):
+            self.finish_reason = event.finish_reason
+
+    def take(self, final: bool) -> dict[str, np.ndarray]:
+        tensors: dict[str, np.ndarray] = {}
+        if self.returns.finish_reason:
+            tensors["finish_reason"] = text_tensor(str(self.finish_reason if final else None))
+        if self.returns.num_input_tokens:
+            tensors["num_input_tokens"] = np.array([self.num_input_tokens], dtype=np.uint32)
+        if self.returns.num_output_tokens:
+            tensors["num_output_tokens"] = np.array([self.unsent_output_tokens], dtype=np.uint32)
+            self.unsent_output_tokens = 0
+        return tensors
+
+
+def _response(
+    text: str,
+    output: list[Finding],
+    inputs: list[dict] | None,
+    counts: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     tensors = {
         "text_output": text_tensor(text),
         "output_findings": text_tensor(findings_json(output)),
     }
     if inputs is not None:
         tensors["input_findings"] = text_tensor(json.dumps(inputs))
-    return tensors
+    return tensors | (counts or {})
 
 
 class GuardedChat:
@@ -166,6 +241,7 @@ class GuardedChat:
     def _relay(self, events: Iterator[InnerEvent], outbox: Outbox) -> str:
         """Guard and relay until the inner stream ends, fails or the client cancels."""
         guard = StreamGuard()
+        counts = _Counts(self.request.returns)
         pending_input_findings: list[dict] | None = self.inputs.findings
         whole: list[str] = []
         found: list[Finding] = []
@@ -182,21 +258,28 @@ class GuardedChat:
             if event.error is not None:
                 outbox.close(None, InnerError(f"{self.inner_name}: {event.error}", event.code))
                 return "failed"
+            counts.saw(event)
             released, findings = guard.feed(event.text)
             if not self.request.stream:
                 whole.append(released)
                 found += findings
             elif released or findings:
-                outbox.send(_response(released, findings, pending_input_findings))
+                sent = _response(
+                    released, findings, pending_input_findings, counts.take(final=False)
+                )
+                outbox.send(sent)
                 pending_input_findings = None
         if outbox.is_cancelled():
             outbox.close(None, ClientCancelled("request cancelled by the client"))
             return "cancelled"
         rest, findings = guard.finish()
         if self.request.stream:
-            outbox.close(_response(rest, findings, pending_input_findings), None)
+            last = _response(rest, findings, pending_input_findings, counts.take(final=True))
+            outbox.close(last, None)
         else:
+            text = self.inputs.echo + "".join(whole) + rest
             outbox.close(
-                _response("".join(whole) + rest, found + findings, self.inputs.findings), None
+                _response(text, found + findings, self.inputs.findings, counts.take(final=True)),
+                None,
             )
         return "finished"

@@ -6,7 +6,9 @@ module assembles that layout under the clone's cache folder (symlinks, rebuilt o
 every start), adds this project's backends, sets the environment the stub needs
 (venv first on PATH, the interpreter's own libpython, a UTF-8 locale) and runs the
 server bound to 127.0.0.1. Stopping it stops the whole process group — the stubs
-and the engine processes they spawn — so nothing is left running.
+and the engine processes they spawn — so nothing is left running. ``main`` (``make
+serve``) also runs the OpenAI-compatible API (:mod:`tritonforge.openai`) beside it, on
+the same bind address, and stops it with the server.
 """
 
 from __future__ import annotations
@@ -298,6 +300,76 @@ class TritonServer:
         self.stop()
 
 
+def _client_host(host: str) -> str:
+    """Where a local client reaches a server bound to ``host`` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+@dataclass
+class OpenAIFrontend:
+    """``python -m tritonforge.openai`` for one Triton server, as a process group of its own.
+
+    Started beside tritonserver by ``make serve`` and by the tests; stopped the same way
+    (SIGTERM, then whatever is left of its session is killed), and it dies with the
+    launcher even if the launcher is SIGKILLed.
+    """
+
+    triton_grpc: str
+    port: int = 9000
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+    extra_args: Sequence[str] = ()
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    @classmethod
+    def on_free_port(cls, triton_grpc: str, **settings: Any) -> OpenAIFrontend:
+        return cls(triton_grpc=triton_grpc, port=free_port(), **settings)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL clients use (``…/v1``)."""
+        return f"http://{_client_host(self.host)}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "tritonforge.openai",
+            f"--triton-grpc={self.triton_grpc}",
+            f"--host={self.host}",
+            f"--port={self.port}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        stdout = self.log_path.open("ab") if self.log_path else None
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{_client_host(self.host)}:{self.port}/health"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the OpenAI frontend exited with code {self.process.returncode}"
+                )
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"the OpenAI frontend not ready after {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        return stop_session(self.process, timeout_s) if self.process is not None else None
+
+
 def _port(env_name: str, default: int) -> int:
     return int(os.environ.get(env_name, default))
 
@@ -317,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="*", help="models to load (default: all that can run)")
     parser.add_argument("--host", default=os.environ.get("TRITON_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--no-openai",
+        action="store_true",
+        help="do not start the OpenAI-compatible API (port TRITONFORGE_OPENAI_PORT, 9000)",
+    )
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
 
@@ -335,15 +412,28 @@ def main(argv: list[str] | None = None) -> int:
     def _terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
+    frontend = None
+    if not args.no_openai:
+        frontend = OpenAIFrontend(
+            triton_grpc=f"{_client_host(server.host)}:{server.grpc_port}",
+            port=_port("TRITONFORGE_OPENAI_PORT", 9000),
+            host=server.host,
+        )
+
     signal.signal(signal.SIGTERM, _terminate)
     try:
         server.start()
         server.wait_ready()
+        openai = ""
+        if frontend is not None:
+            frontend.start()
+            frontend.wait_ready()
+            openai = f"OpenAI API {frontend.base_url}, "
         models = server.models if server.models is not None else available_models()
         first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
         print(
             f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
-            f"metrics {server.metrics_url}, models: {', '.join(models)}. "
+            f"metrics {server.metrics_url}, {openai}models: {', '.join(models)}. "
             f"Try: {example_request(server, first)}",
             flush=True,
         )
@@ -351,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        if frontend is not None:
+            frontend.stop()
         print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
         server.stop()
 

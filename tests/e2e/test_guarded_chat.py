@@ -102,10 +102,47 @@ def test_output_secrets_are_redacted_while_streaming(server) -> None:
 
 @pytest.mark.numerics
 def test_non_streamed_chat_answers_once(server) -> None:
-    result = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, PHONE_ANSWER, False))
+    inputs = [
+        *_chat(PHONE_PROMPT, PHONE_ANSWER, False),
+        bool_input("exclude_input_in_output", True),
+    ]
+    result = stream(server.grpc_url, "guarded_chat", inputs)
     assert result.error is None, result.error
     assert len(result.responses) == 1
     assert result.text == "Call me at [PHONE], please.", result.text
+
+
+@pytest.mark.numerics
+def test_takes_the_whole_schema_echo_counts_and_finish_reason(server) -> None:
+    # As every LLM model: a non-streamed text prompt is echoed unless excluded, and the
+    # return_* flags bring the inner model's counts (they add up to vllm_model's own).
+    flags = {
+        f"return_{n}": True for n in ("finish_reason", "num_input_tokens", "num_output_tokens")
+    }
+    sampling = {**PHONE_ANSWER, "max_tokens": 8}
+    direct = stream(server.grpc_url, "vllm_model", llm_inputs(PHONE_PROMPT, sampling, **flags))
+    assert direct.error is None, direct.error
+    expected_out = int(sum(a.sum() for a in direct.outputs("num_output_tokens")))
+    expected_in = int(direct.outputs("num_input_tokens")[0][0])
+    flag_inputs = [bool_input(name, True) for name in flags]
+
+    streamed = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, sampling) + flag_inputs)
+    assert streamed.error is None, streamed.error
+    assert int(sum(a.sum() for a in streamed.outputs("num_output_tokens"))) == expected_out
+    assert {int(a[0]) for a in streamed.outputs("num_input_tokens")} == {expected_in}
+    reasons = [b"".join(a).decode() for a in streamed.outputs("finish_reason")]
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {"None"}
+
+    echoed = stream(server.grpc_url, "guarded_chat", _chat(PHONE_PROMPT, sampling, False))
+    assert echoed.error is None, echoed.error
+    assert echoed.text == PHONE_PROMPT + streamed.text
+
+    refused = stream(
+        server.grpc_url,
+        "guarded_chat",
+        [*_chat(PHONE_PROMPT, sampling), bool_input("return_output_ids", True)],
+    )
+    assert "return_output_ids: guarded_chat returns no token-level" in str(refused.error)
 
 
 # --- guarded_chat: errors, cancellation, lifecycle ------------------------------------

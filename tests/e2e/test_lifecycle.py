@@ -143,12 +143,13 @@ def test_shutdown_leaves_no_process(own_server) -> None:
 
 def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
     """`make serve` runs the launcher in the foreground: SIGTERM must stop everything."""
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
     env = {
         **os.environ,
         "TRITON_HTTP_PORT": str(http),
         "TRITON_GRPC_PORT": str(grpc),
         "TRITON_METRICS_PORT": str(metrics),
+        "TRITONFORGE_OPENAI_PORT": str(openai),
     }
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tritonforge.launcher", "--models"],
@@ -160,6 +161,7 @@ def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
     try:
         line = launcher.stdout.readline()
         assert "tritonforge ready" in line, line
+        assert f"OpenAI API http://127.0.0.1:{openai}/v1" in line, line  # beside the server
         server_pids = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
         assert server_pids
         launcher.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tritonforge.cancellation import CancelBoard
+from tritonforge.errors import RequestError
 from tritonforge.guarded_chat import (
     ClientCancelled,
     GuardedChat,
@@ -43,10 +44,11 @@ class FakeOutbox:
         return "".join(t["text_output"][0].decode() for t in tensors)
 
 
-def _chat(prompt: str, board: CancelBoard, stream: bool = True) -> GuardedChat:
+def _chat(prompt: str, board: CancelBoard, stream: bool = True, **flags: bool) -> GuardedChat:
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=np.object_),
         "stream": np.array([stream]),
+        **{name: np.array([value]) for name, value in flags.items()},
     }
     request = parse_request(inputs)
     return GuardedChat(request, guard_inputs(request, {}), "rid-1", board, cancellation_poll_s=0)
@@ -91,7 +93,7 @@ def test_output_secret_split_across_chunks_never_reaches_the_client(board) -> No
 
 def test_non_streamed_answer_comes_whole_in_one_final_response(board) -> None:
     outbox = FakeOutbox()
-    chat = _chat("hi", board, stream=False)
+    chat = _chat("hi", board, stream=False, exclude_input_in_output=True)
     chat.run(_inner(InnerEvent(text="call +44 20 "), InnerEvent(text="7946 0958")), outbox)
     assert outbox.sent == []
     assert outbox.final[0]["text_output"][0] == b"call [PHONE]"
@@ -166,3 +168,61 @@ def test_chat_messages_are_redacted_one_by_one() -> None:
     assert sent[0] == messages[0]
     assert sent[1] == {"role": "user", "content": "Call [PHONE] about IBAN [IBAN]"}
     assert [(f["type"], f["message"]) for f in guarded.findings] == [("phone", 1), ("iban", 1)]
+
+
+def test_non_streamed_text_prompt_is_echoed_redacted_unless_excluded(board) -> None:
+    # The schema's rule for every LLM model (README.md), guarded: the echo is redacted.
+    outbox = FakeOutbox()
+    _chat("mail jo@example.com:", board, stream=False).run(_inner(InnerEvent(text=" ok")), outbox)
+    assert outbox.final[0]["text_output"][0] == b"mail [EMAIL]: ok"
+    outbox = FakeOutbox()
+    chat = _chat("mail jo@example.com:", board, stream=False, exclude_input_in_output=False)
+    chat.run(_inner(InnerEvent(text=" ok")), outbox)
+    assert outbox.final[0]["text_output"][0] == b"mail [EMAIL]: ok"
+    # Streaming never echoes, and takes exclude_input_in_output=true as every model does.
+    outbox = FakeOutbox()
+    _chat("hi", board, exclude_input_in_output=True).run(_inner(InnerEvent(text="yo")), outbox)
+    assert outbox.text() == "yo"
+
+
+def test_finish_reason_and_token_counts_are_relayed_from_the_inner_model(board) -> None:
+    seen: list = []
+    flags = {
+        f"return_{n}": True for n in ("finish_reason", "num_input_tokens", "num_output_tokens")
+    }
+    chat = _chat("Say hi", board, **flags)
+    events = [
+        InnerEvent(
+            text="call +44 20 ", finish_reason="None", num_input_tokens=3, num_output_tokens=4
+        ),
+        InnerEvent(text="7946 0958", finish_reason="None", num_input_tokens=3, num_output_tokens=5),
+        InnerEvent(text=".", finish_reason="length", num_input_tokens=3, num_output_tokens=1),
+    ]
+    outbox = FakeOutbox()
+    chat.run(_inner(*events, seen=seen), outbox)
+    assert all(seen[0][name].tolist() == [True] for name in flags)
+    responses = [*outbox.sent, outbox.final[0]]
+    assert sum(int(r["num_output_tokens"][0]) for r in responses) == 10
+    assert {int(r["num_input_tokens"][0]) for r in responses} == {3}
+    reasons = [r["finish_reason"][0].decode() for r in responses]
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {"None"}
+    assert outbox.text() == "call [PHONE]."
+
+    whole = FakeOutbox()
+    _chat("Say hi", board, stream=False, **flags).run(_inner(*events), whole)
+    assert int(whole.final[0]["num_output_tokens"][0]) == 10
+    assert whole.final[0]["finish_reason"][0] == b"length"
+
+
+@pytest.mark.parametrize(
+    "name", ["return_logprobs", "return_output_ids", "return_cumulative_logprob"]
+)
+def test_token_level_outputs_are_refused_naming_the_flag(name: str) -> None:
+    inputs = {
+        "text_input": np.array([b"hi"], dtype=np.object_),
+        name: np.array([True]),
+    }
+    with pytest.raises(RequestError, match=f"^{name}: guarded_chat returns no token-level"):
+        guard_inputs(parse_request(inputs), {})
+    inputs[name] = np.array([False])
+    guard_inputs(parse_request(inputs), {})  # asked not to: fine

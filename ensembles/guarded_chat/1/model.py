@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 from tritonforge.cancellation import CancelBoard
 from tritonforge.errors import EngineBusy, RequestError
 from tritonforge.guarded_chat import (
+    RELAYED_RETURNS,
     ClientCancelled,
     GuardedChat,
     InnerError,
@@ -110,10 +111,11 @@ class TritonPythonModel:
     # --- the BLS call --------------------------------------------------------------
 
     def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str):
+        relayed = [name for name in RELAYED_RETURNS if f"return_{name}" in tensors]
         request = pb_utils.InferenceRequest(
             model_name=self.inner_model,
             inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
-            requested_output_names=["text_output"],
+            requested_output_names=["text_output", *relayed],
             request_id=request_id,
         )
         for response in request.exec(decoupled=True):
@@ -121,10 +123,23 @@ class TritonPythonModel:
                 error = response.error()
                 yield InnerEvent(error=error.message(), code=error.code())
                 continue
-            text = pb_utils.get_output_tensor_by_name(response, "text_output")
-            if text is not None:
-                value = text.as_numpy().reshape(-1)
-                yield InnerEvent(text=b"".join(value).decode("utf-8") if value.size else "")
+            outputs = {
+                name: tensor.as_numpy().reshape(-1)
+                for name in ("text_output", *relayed)
+                if (tensor := pb_utils.get_output_tensor_by_name(response, name)) is not None
+            }
+            if not outputs:
+                continue  # a bare final flag
+            text = outputs.get("text_output")
+            reason = outputs.get("finish_reason")
+            prompt_tokens = outputs.get("num_input_tokens")
+            output_tokens = outputs.get("num_output_tokens")
+            yield InnerEvent(
+                text=b"".join(text).decode("utf-8") if text is not None and text.size else "",
+                finish_reason=b"".join(reason).decode() if reason is not None else None,
+                num_input_tokens=int(prompt_tokens[0]) if prompt_tokens is not None else None,
+                num_output_tokens=int(output_tokens.sum()) if output_tokens is not None else None,
+            )
 
     # --- Triton entry points -------------------------------------------------------
 

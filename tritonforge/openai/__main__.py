@@ -1,0 +1,54 @@
+"""``python -m tritonforge.openai --triton-grpc HOST:PORT``: serve the OpenAI API with uvicorn.
+
+Binds 127.0.0.1 unless told otherwise, like every server of this project. The access
+log is off by default: request paths are harmless, but a server that answers
+thousands of streamed requests a minute should not spend its time writing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import uvicorn
+
+from tritonforge.openai.app import DEFAULT_CHAT_MAX_TOKENS, create_app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonforge.openai",
+        description="OpenAI-compatible API in front of the LLM models of a Triton server.",
+    )
+    parser.add_argument(
+        "--triton-grpc",
+        default=os.environ.get("TRITONFORGE_TRITON_GRPC", "127.0.0.1:8001"),
+        help="Triton's gRPC endpoint, HOST:PORT (default 127.0.0.1:8001)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9000, help="port (default 9000)")
+    parser.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=DEFAULT_CHAT_MAX_TOKENS,
+        help="max_tokens of a chat request that sends none, lowered to what fits the "
+        f"model's context (default {DEFAULT_CHAT_MAX_TOKENS}; 0: the model's own default, 16)",
+    )
+    parser.add_argument("--access-log", action="store_true", help="log each request's path")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    app = create_app(args.triton_grpc, args.default_max_tokens or None)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        access_log=args.access_log,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The HTTP routes: OpenAI's API over :class:`~tritonforge.openai.triton_client.TritonGateway`.
+
+A request's life: parse the body (malformed JSON or a wrong structure is a 400 in
+OpenAI's shape, never FastAPI's 422), look the model up (404), translate it, open the
+Triton stream and wait for its *first* response before answering. Waiting first means
+an error the model raises up front (a bad argument, a busy queue, a prompt too long for
+the context) gets its real status code even on a streamed request, rather than a 200
+followed by an error event; it costs nothing, since nothing could be sent earlier.
+
+A client that goes away cancels its Triton call (and so its engine request) whether it
+was waiting for a non-streamed answer, for the first token, or reading the stream: a
+watcher waits for ASGI's ``http.disconnect`` beside the work and cancels it.
+
+Nothing here logs prompts or generated text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from tritonforge.openai import translate
+from tritonforge.openai.errors import OpenAIError, internal, invalid, unavailable
+from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tritonforge.openai.translate import ModelOutput, ResponseIds, TritonRequest, Usage
+from tritonforge.openai.triton_client import TritonGateway, TritonStream
+
+T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
+#: Chat answers without max_tokens get this many at most (lowered to what fits the
+#: model's context when the prompt is long): the schema's own default is 16, which
+#: suits completions (OpenAI's default there too) but truncates every chat answer.
+DEFAULT_CHAT_MAX_TOKENS = 1024
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _parse(request: Request, model: type[B]) -> B:
+    """The body as ``model``; every way it can be wrong is a 400 naming the key."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise invalid(f"{where}: {first['msg']}", where or None) from None
+
+
+async def _watch_disconnect(receive: Receive) -> None:
+    """Returns when the client disconnects (the body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ClientGone` (``work`` cancelled) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_watch_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone
+
+
+class SSEResponse(Response):
+    """Server-sent events from an async iterator, cancelled when the client disconnects.
+
+    Starlette's StreamingResponse only notices a disconnect on its next write under
+    ASGI 2.4 servers; a request queued in the model would then run on unnoticed.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # proxies: pass each event on at once
+        ]
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def body() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for data in self._events:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        try:
+            await until_disconnected(receive, body())
+        except (ClientGone, OSError):
+            pass
+        finally:
+            self._on_close()
+
+
+class OpenAIServer:
+    """The routes' logic, bound to one Triton server."""
+
+    def __init__(self, gateway: TritonGateway, default_max_tokens: int | None) -> None:
+        self.gateway = gateway
+        self.default_max_tokens = default_max_tokens
+
+    async def open(self, model: str, request: TritonRequest) -> tuple[TritonStream, ModelOutput]:
+        """Start the Triton request and wait for its first response.
+
+        A max_tokens this server chose (chat without one) that does not fit the model's
+        context is lowered to what fits, once, as the model's error suggests.
+        """
+        while True:
+            stream = self.gateway.stream(model, request)
+            try:
+                first = await anext(stream, None)
+            except OpenAIError as error:
+                if error.status == 400 and request.fit_max_tokens(error.message):
+                    continue
+                raise
+            except BaseException:
+                stream.cancel()
+                raise
+            return stream, first or ModelOutput(final=True)
+
+    async def complete(
+        self, kind: str, body: ChatCompletionRequest | CompletionRequest, request: TritonRequest
+    ) -> dict[str, Any]:
+        """A non-streamed answer: every response of the model merged into one object."""
+        stream, output = await self.open(body.model, request)
+        ids = ResponseIds(body.model, "chatcmpl" if kind == "chat" else "cmpl")
+        whole = ModelOutput(logprobs=[], output_ids=[])
+        usage = Usage()
+        reason: str | None = None
+        try:
+            while True:
+                usage.add(output)
+                whole.text += output.text
+                whole.logprobs = (whole.logprobs or []) + (output.logprobs or [])
+                if output.output_ids is not None and whole.output_ids is not None:
+                    whole.output_ids += output.output_ids
+                else:
+                    whole.output_ids = None
+                reason = translate.finish_reason(output.finish_reason) or reason
+                if output.final:
+                    break
+                nxt = await anext(stream, None)
+                if nxt is None:
+                    break
+                output = nxt
+        finally:
+            stream.cancel()
+        reason = reason or "stop"
+        if kind == "chat":
+            logprobs = (
+                translate.chat_logprobs(whole, request.top_logprobs)
+                if request.top_logprobs is not None
+                else None
+            )
+            return translate.chat_completion(ids, whole.text, reason, logprobs, usage)
+        logprobs = (
+            translate.completion_logprobs(whole, len(request.echo))
+            if request.top_logprobs is not None
+            else None
+        )
+        return translate.completion(ids, request.echo + whole.text, reason, logprobs, usage)
+
+    async def events(
+        self,
+        kind: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        request: TritonRequest,
+        stream: TritonStream,
+        first: ModelOutput,
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed answer, ending with ``data: [DONE]``."""
+        chat = kind == "chat"
+        ids = ResponseIds(body.model, "chatcmpl" if chat else "cmpl")
+        with_usage = bool(body.stream_options and body.stream_options.include_usage)
+        usage = Usage()
+        offset = 0
+        output: ModelOutput | None = first
+        try:
+            if chat:
+                role = {"role": "assistant", "content": ""}
+                yield _sse(translate.chat_chunk(ids, role, with_usage=with_usage))
+            prefix = request.echo
+            while output is not None:
+                usage.add(output)
+                reason = translate.finish_reason(output.finish_reason)
+                if output.final and reason is None:
+                    reason = "stop"
+                text = prefix + output.text
+                prefix = ""
+                if text or reason or output.logprobs:
+                    if chat:
+                        logprobs = None
+                        if request.top_logprobs is not None:
+                            logprobs = translate.chat_logprobs(output, request.top_logprobs)
+                        delta = {"content": text} if text or not reason else {}
+                        chunk = translate.chat_chunk(ids, delta, reason, logprobs, with_usage)
+                    else:
+                        logprobs = None
+                        if request.top_logprobs is not None:
+                            logprobs = translate.completion_logprobs(
+                                output, offset + len(text) - len(output.text)
+                            )
+                        chunk = translate.completion_chunk(ids, text, reason, logprobs, with_usage)
+                    offset += len(text)
+                    yield _sse(chunk)
+                if output.final:
+                    break
+                output = await anext(stream, None)
+        except OpenAIError as error:  # mid-stream: the status line went out already
+            yield _sse(error.body())
+        finally:
+            stream.cancel()
+        if with_usage:
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            yield _sse(translate.usage_chunk(ids, obj, usage))
+        yield _DONE
+
+    async def generate(self, http: Request, kind: str) -> Response:
+        model_type = ChatCompletionRequest if kind == "chat" else CompletionRequest
+        body = await _parse(http, model_type)
+        spec = await self.gateway.spec(body.model)
+        if isinstance(body, ChatCompletionRequest):
+            request = translate.chat_request(body, spec, self.default_max_tokens)
+        else:
+            request = translate.completion_request(body, spec)
+        try:
+            if not body.stream:
+                answer = await until_disconnected(http.receive, self.complete(kind, body, request))
+                return Response(_dumps(answer), media_type="application/json")
+            stream, first = await until_disconnected(http.receive, self.open(body.model, request))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the request was cancelled
+        events = self.events(kind, body, request, stream, first)
+        return SSEResponse(events, stream.cancel)
+
+
+def create_app(
+    triton_grpc: str,
+    default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
+    gateway: TritonGateway | None = None,
+) -> FastAPI:
+    """The FastAPI app serving Triton at ``triton_grpc`` (HOST:PORT) the OpenAI way.
+
+    ``gateway`` replaces the gRPC side (unit tests drive the routes with a fake one).
+    """
+    gateway = gateway or TritonGateway(triton_grpc)
+    server = OpenAIServer(gateway, default_max_tokens)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await gateway.close()
+
+    app = FastAPI(title="tritonforge OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, error: OpenAIError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        shaped = OpenAIError(error.status_code, str(error.detail), kind)
+        return error_response(shaped)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+        # A bug of ours: say so in OpenAI's shape (the type only, never request content).
+        return error_response(internal(f"internal error ({type(error).__name__})"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if await gateway.server_ready():
+            return JSONResponse({"status": "ok"})
+        return error_response(unavailable(f"Triton at {gateway.url} is not ready"))
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        names = await gateway.llm_models()
+        return JSONResponse(translate.model_list(names, int(time.time())))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await server.generate(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await server.generate(request, "completion")
+
+    return app

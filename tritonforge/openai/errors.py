@@ -1,0 +1,129 @@
+"""OpenAI's error shape, and what a Triton error means for an HTTP client.
+
+Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with a status a
+client can act on: 400 for a request it must fix, 404 for a model that is not there
+(or not ready), 503 for "try again" (busy, deadline, unloading, Triton unreachable),
+500 only for what is nobody's fault but ours.
+
+A Triton gRPC *stream* carries an error as a message string without its status code,
+so the mapping reads the message. The models of this project word their errors
+predictably (README.md, "Bad input never takes a model down"): an invalid argument
+starts with the field it concerns (``sampling_parameters.top_p: must be in (0, 1]``),
+a full queue says "busy", an aborted request "deadline exceeded"; Triton's own
+rejections have fixed phrases. Anything unrecognised is a 500 and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+#: Inputs of the shared request schema: a message starting with one of these (after an
+#: optional ``<inner model>: `` prefix, as guarded_chat relays) names a bad field.
+_SCHEMA_FIELDS = (
+    "text_input",
+    "messages",
+    "input_ids",
+    "sampling_parameters",
+    "parameters",
+    "stream",
+    "exclude_input_in_output",
+    r"return_[a-z_]+",
+)
+_FIELD = re.compile(
+    r"^(?:[A-Za-z0-9_.-]+: )?"  # guarded_chat: "vllm_model: text_input: prompt is …"
+    r"((?:" + "|".join(_SCHEMA_FIELDS) + r")(?:[.\[][^\s:]*)?): "
+)
+_NOT_FOUND = ("Request for unknown model", "is not at ready state", "is not found")
+_UNAVAILABLE = (
+    "is busy",
+    "busy:",
+    "deadline exceeded",
+    "is unloading",
+    "was unloaded",
+    "the engine failed",
+    "Request timeout expired",
+    "request cancelled",
+)
+#: Triton's own input validation (before any model code runs).
+_TRITON_INVALID = re.compile(
+    r"^(?:\[request id: [^\]]*\] )?(?:expected \d+ inputs|unexpected inference input"
+    r"|unexpected shape for input|inference input '[^']*' data-type|input byte size mismatch"
+    r"|unexpected additional input)"
+)
+#: The shared schema's sampling keys are OpenAI's body keys, and the prompt inputs map
+#: back to the body key the client sent them in.
+_PARAM_OF_INPUT = {
+    "text_input": "prompt",
+    "input_ids": "prompt",
+    "sampling_parameters.structured_outputs": "response_format",
+    "sampling_parameters.logprobs": "logprobs",
+}
+
+
+@dataclass
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape with an HTTP status."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid(message: str, param: str | None = None) -> OpenAIError:
+    """400: the client must change the request."""
+    return OpenAIError(400, message, "invalid_request_error", param, "invalid_value")
+
+
+def model_not_found(model: str, why: str = "does not exist") -> OpenAIError:
+    """404, worded as OpenAI's own, plus why (not loaded, not an LLM model, not ready)."""
+    return OpenAIError(
+        404, f"The model `{model}` {why}.", "invalid_request_error", "model", "model_not_found"
+    )
+
+
+def unavailable(message: str) -> OpenAIError:
+    """503: retry later (busy, deadline, unloading, Triton not reachable)."""
+    return OpenAIError(503, message, "server_error", None, "service_unavailable")
+
+
+def internal(message: str) -> OpenAIError:
+    return OpenAIError(500, message, "server_error", None, "internal_error")
+
+
+def openai_param(field: str) -> str:
+    """The body key a schema field came from: ``sampling_parameters.top_p`` → ``top_p``."""
+    for prefix, param in _PARAM_OF_INPUT.items():
+        if field == prefix or field.startswith((prefix + ".", prefix + "[")):
+            return param
+    return field.removeprefix("sampling_parameters.").removeprefix("parameters.")
+
+
+def from_triton(message: str, model: str) -> OpenAIError:
+    """Classify one Triton error message (a stream response or an RPC failure)."""
+    if any(phrase in message for phrase in _NOT_FOUND):
+        return model_not_found(model, f"is not available ({message})")
+    lowered = message.lower()
+    if any(phrase.lower() in lowered for phrase in _UNAVAILABLE):
+        return unavailable(message)
+    if (match := _FIELD.match(message)) is not None:
+        return invalid(message, openai_param(match.group(1)))
+    if _TRITON_INVALID.match(message):
+        return invalid(message)
+    return internal(message)

@@ -1,0 +1,475 @@
+"""OpenAI bodies → the shared request schema's tensors; model outputs → OpenAI objects.
+
+Pure functions and small dataclasses, no I/O, so every mapping is unit-tested without
+a server. The schema is README.md's "Inputs and outputs of every LLM model"; only the
+inputs a model's config declares are sent (``ModelSpec``), so a model with fewer
+inputs (``ensemble_vllm`` has no ``messages``) gets a 400 that says what it lacks
+rather than Triton's "unexpected inference input".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonforge.openai.errors import invalid
+from tritonforge.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ResponseFormat,
+)
+from tritonforge.sampling import MAX_LOGPROBS
+
+#: Body keys passed to the model's ``sampling_parameters`` under the same name: OpenAI's
+#: own, then vLLM's extras (its server takes them in the body too).
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "timeout_s",  # this project's: the request's deadline (README.md, "Deadlines")
+)
+#: vLLM's older structured-output extras → the schema's ``structured_outputs`` kinds.
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+#: OpenAI's chat roles → the schema's (``developer`` is OpenAI's newer name for system).
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TOOL_KEYS = ("tool_calls", "function_call", "tool_call_id")
+_RETURN_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+_AT_MOST = re.compile(r"ask for at most (\d+) tokens")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The schema inputs and outputs one Triton model declares (from its config)."""
+
+    name: str
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+
+    @property
+    def is_llm(self) -> bool:
+        """An LLM model of the shared schema: a text prompt or chat messages, sampling, text.
+
+        The sampling input tells an LLM from the other text models of a repository
+        (``guard``: text in, text out; ``preprocessing``: text in, ids out).
+        """
+        prompt = bool({"text_input", "messages"} & self.inputs)
+        return prompt and "sampling_parameters" in self.inputs and "text_output" in self.outputs
+
+
+@dataclass
+class TritonRequest:
+    """One request in the shared schema, ready to become tensors."""
+
+    prompt_input: str  # text_input | messages | input_ids
+    prompt: str | list[int]
+    sampling: dict[str, Any]
+    flags: dict[str, bool]
+    #: Top candidates per position the client asked for (None: no logprobs).
+    top_logprobs: int | None = None
+    #: The completion's ``echo``: this text goes before the generated text.
+    echo: str = ""
+    #: max_tokens was this server's default, not the client's: it may be lowered to fit.
+    default_max_tokens: bool = False
+
+    def fit_max_tokens(self, message: str) -> bool:
+        """Lower a defaulted max_tokens to what the model says fits; False if it cannot."""
+        match = _AT_MOST.search(message)
+        if not self.default_max_tokens or match is None or int(match.group(1)) < 1:
+            return False
+        self.sampling["max_tokens"] = int(match.group(1))
+        self.default_max_tokens = False
+        return True
+
+
+# --- request translation -------------------------------------------------------------
+
+
+def _common(
+    body: ChatCompletionRequest | CompletionRequest, spec: ModelSpec, logprobs: int | None
+) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Sampling keys and return flags both endpoints share."""
+    if body.n is not None and body.n != 1:
+        raise invalid(f"n: only n = 1 is supported (one choice per request), got {body.n}", "n")
+    if body.logit_bias:
+        raise invalid("logit_bias is not supported by this server", "logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options: only allowed when stream is true", "stream_options")
+    extras = body.model_extra or {}
+    values = body.model_dump()  # declared fields and the extras alike
+    sampling = {k: values[k] for k in SAMPLING_KEYS if values.get(k) is not None}
+    structured = _structured(body.response_format, extras)
+    if structured is not None:
+        sampling["structured_outputs"] = structured
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
+    flags = {"stream": body.stream, "exclude_input_in_output": True}
+    flags |= {name: True for name in _RETURN_FLAGS}
+    if logprobs is not None:
+        if "return_logprobs" not in spec.inputs:
+            raise invalid(f"logprobs: the model `{spec.name}` cannot return logprobs", "logprobs")
+        flags |= {"return_logprobs": True, "return_output_ids": True}
+    return sampling, {k: v for k, v in flags.items() if k in spec.inputs}
+
+
+def _structured(response_format: ResponseFormat | None, extras: Mapping[str, Any]) -> Any:
+    """``response_format`` (or vLLM's extras) as the schema's ``structured_outputs``."""
+    if response_format is not None and response_format.type != "text":
+        if response_format.type == "json_object":
+            return {"json_object": True}
+        spec = response_format.json_schema
+        if spec is None or spec.json_schema is None:
+            raise invalid(
+                "response_format.json_schema.schema: required for type json_schema",
+                "response_format",
+            )
+        return {"json": spec.json_schema}
+    if extras.get("structured_outputs") is not None:
+        return extras["structured_outputs"]
+    for key, kind in _GUIDED.items():
+        if extras.get(key) is not None:
+            return {kind: extras[key]}
+    return None
+
+
+def _count(name: str, value: Any) -> int:
+    """A number of top candidates per position (the schema's ``logprobs`` range)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise invalid(f"{name}: must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name)
+    return value
+
+
+def _message(index: int, message: ChatMessage) -> dict[str, str]:
+    where = f"messages[{index}]"
+    extras = message.model_extra or {}
+    if message.role == "tool" or any(extras.get(k) for k in _TOOL_KEYS):
+        raise invalid(f"{where}: tool calls are not supported by this server", "messages")
+    role = _ROLES.get(message.role)
+    if role is None:
+        raise invalid(
+            f"{where}.role: must be one of {', '.join(_ROLES)}, got {message.role!r}", "messages"
+        )
+    content = message.content
+    if isinstance(content, list):
+        if any(part.type != "text" or part.text is None for part in content):
+            raise invalid(f"{where}.content: only text parts are supported", "messages")
+        content = "".join(part.text or "" for part in content)
+    if content is None:
+        raise invalid(f"{where}.content: required", "messages")
+    result = {"role": role, "content": content}
+    if message.name:
+        result["name"] = message.name
+    return result
+
+
+def chat_request(
+    body: ChatCompletionRequest, spec: ModelSpec, default_max_tokens: int | None
+) -> TritonRequest:
+    """A chat body as the ``messages`` input (rendered by the model's chat template)."""
+    if "messages" not in spec.inputs:
+        raise invalid(
+            f"model `{spec.name}` takes no chat messages (no `messages` input); "
+            "use /v1/completions",
+            "model",
+        )
+    if body.tools and body.tool_choice != "none":
+        raise invalid("tools are not supported by this server", "tools")
+    top = None
+    if body.logprobs:
+        top = 0 if body.top_logprobs is None else _count("top_logprobs", body.top_logprobs)
+    elif body.top_logprobs is not None:
+        raise invalid("top_logprobs: requires logprobs to be true", "top_logprobs")
+    sampling, flags = _common(body, spec, top)
+    requested = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
+    defaulted = requested is None and default_max_tokens is not None
+    if requested is not None:
+        sampling["max_tokens"] = requested
+    elif defaulted:
+        sampling["max_tokens"] = default_max_tokens
+    messages = [_message(i, m) for i, m in enumerate(body.messages)]
+    return TritonRequest(
+        "messages",
+        json.dumps(messages, ensure_ascii=False),
+        sampling,
+        flags,
+        top_logprobs=top,
+        default_max_tokens=defaulted,
+    )
+
+
+def completion_request(body: CompletionRequest, spec: ModelSpec) -> TritonRequest:
+    """A completion body: a string → ``text_input``, token ids → ``input_ids``."""
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise invalid(
+                f"prompt: one prompt per request is supported, got {len(prompt)}", "prompt"
+            )
+        prompt = prompt[0]
+    if body.suffix:
+        raise invalid("suffix is not supported by this server", "suffix")
+    if body.best_of is not None and body.best_of != 1:
+        raise invalid(f"best_of: only 1 is supported, got {body.best_of}", "best_of")
+    if isinstance(prompt, str):
+        prompt_input = "text_input"
+    else:
+        prompt_input = "input_ids"
+        if not prompt:
+            raise invalid("prompt: must not be empty", "prompt")
+        if body.echo:
+            raise invalid("echo: only supported for a string prompt", "echo")
+    if prompt_input not in spec.inputs:
+        what = "a string prompt" if prompt_input == "text_input" else "token ids"
+        raise invalid(f"model `{spec.name}` takes no {what} (no `{prompt_input}` input)", "prompt")
+    logprobs = None if body.logprobs is None else _count("logprobs", body.logprobs)
+    sampling, flags = _common(body, spec, logprobs)
+    if body.max_tokens is not None:
+        sampling["max_tokens"] = body.max_tokens
+    return TritonRequest(
+        prompt_input,
+        prompt,
+        sampling,
+        flags,
+        top_logprobs=logprobs,
+        echo=prompt if body.echo and isinstance(prompt, str) else "",
+    )
+
+
+# --- model outputs ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelOutput:
+    """One response of the model (a delta when streaming, the whole answer otherwise)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    #: Per output position: token id (as a string, JSON's keys) → its logprob entry.
+    logprobs: list[dict[str, dict[str, Any]]] | None = None
+    output_ids: list[int] | None = None
+    final: bool = False
+
+
+@dataclass
+class Usage:
+    """Token counts summed over a request's responses (what the model reports)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def add(self, output: ModelOutput) -> None:
+        if output.num_input_tokens is not None:
+            self.prompt_tokens = output.num_input_tokens
+        if output.num_output_tokens is not None:
+            self.completion_tokens = (self.completion_tokens or 0) + output.num_output_tokens
+
+    def as_dict(self) -> dict[str, int] | None:
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None  # the model cannot count: no made-up numbers
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def finish_reason(raw: str | None) -> str | None:
+    """The model's finish reason as OpenAI's: ``None`` (the string) on a non-final delta."""
+    if raw is None or raw in ("None", ""):
+        return None
+    return raw if raw in ("stop", "length") else "stop" if raw == "abort" else raw
+
+
+def _positions(output: ModelOutput) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(sampled token's entry, all candidates by rank) per position.
+
+    The sampled token is the output id at that position when the model returns ids, else
+    the first candidate (engines list the sampled token first, as vLLM does).
+    """
+    result = []
+    for i, candidates in enumerate(output.logprobs or []):
+        if not candidates:
+            continue
+        ids = output.output_ids
+        sampled_key = str(ids[i]) if ids is not None and i < len(ids) else next(iter(candidates))
+        sampled = candidates.get(sampled_key) or next(iter(candidates.values()))
+        ranked = sorted(
+            candidates.values(), key=lambda c: c.get("rank") if c.get("rank") else 1 << 30
+        )
+        result.append((sampled, ranked))
+    return result
+
+
+def _token(entry: Mapping[str, Any]) -> str:
+    return entry.get("decoded_token") or ""
+
+
+def chat_logprobs(output: ModelOutput, top: int) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    content = []
+    for sampled, ranked in _positions(output):
+        token = _token(sampled)
+        content.append(
+            {
+                "token": token,
+                "logprob": sampled["logprob"],
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [
+                    {
+                        "token": _token(c),
+                        "logprob": c["logprob"],
+                        "bytes": list(_token(c).encode("utf-8")),
+                    }
+                    for c in ranked[:top]
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(output: ModelOutput, text_offset: int) -> dict[str, Any]:
+    """OpenAI's legacy completion ``logprobs``: parallel lists, offsets into the text."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = text_offset
+    for sampled, ranked in _positions(output):
+        token = _token(sampled)
+        tokens.append(token)
+        token_logprobs.append(sampled["logprob"])
+        top_logprobs.append({_token(c): c["logprob"] for c in ranked})
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
+
+
+# --- response objects ----------------------------------------------------------------
+
+
+@dataclass
+class ResponseIds:
+    """What every object of one response shares: id, creation time, model."""
+
+    model: str
+    prefix: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
+
+
+def chat_completion(
+    ids: ResponseIds, text: str, reason: str | None, logprobs: Any, usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": ids.id,
+        "object": "chat.completion",
+        "created": ids.created,
+        "model": ids.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }
+        ],
+        "usage": usage.as_dict(),
+    }
+
+
+def chat_chunk(
+    ids: ResponseIds,
+    delta: dict[str, Any],
+    reason: str | None = None,
+    logprobs: Any = None,
+    with_usage: bool = False,
+) -> dict[str, Any]:
+    chunk = {
+        "id": ids.id,
+        "object": "chat.completion.chunk",
+        "created": ids.created,
+        "model": ids.model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
+    }
+    if with_usage:
+        chunk["usage"] = None  # OpenAI: null on every chunk but the last, usage-only one
+    return chunk
+
+
+def completion(
+    ids: ResponseIds, text: str, reason: str | None, logprobs: Any, usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": ids.id,
+        "object": "text_completion",
+        "created": ids.created,
+        "model": ids.model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}],
+        "usage": usage.as_dict(),
+    }
+
+
+def completion_chunk(
+    ids: ResponseIds,
+    text: str,
+    reason: str | None = None,
+    logprobs: Any = None,
+    with_usage: bool = False,
+) -> dict[str, Any]:
+    chunk = completion(ids, text, reason, logprobs, Usage())
+    del chunk["usage"]
+    if with_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(ids: ResponseIds, obj: str, usage: Usage) -> dict[str, Any]:
+    """The last chunk of a stream with ``include_usage``: no choices, the usage."""
+    return {
+        "id": ids.id,
+        "object": obj,
+        "created": ids.created,
+        "model": ids.model,
+        "choices": [],
+        "usage": usage.as_dict(),
+    }
+
+
+def model_list(names: Sequence[str], created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "tritonforge"}
+            for name in names
+        ],
+    }

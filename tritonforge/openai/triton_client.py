@@ -1,0 +1,238 @@
+"""The Triton side: one shared asyncio gRPC client, the model catalogue, one stream per request.
+
+Every request opens its own ``ModelStreamInfer`` call on the shared channel (HTTP/2
+multiplexes them), writes its one request and half-closes; Triton ends the call after
+the request's final response. The models are decoupled, so the stream is the only way
+in (Triton refuses the unary ``ModelInfer`` for them), and a call per request gives
+cancellation for free: cancelling the call is what Triton's frontend turns into the
+request's cancellation, which the model's runtime polls and aborts in the engine.
+
+Model configs are read over gRPC once per model and cached: a request then costs no
+control-plane round trip. A model that went away is noticed by its error
+("unknown model"), which drops it from the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from tritonforge.openai.errors import (
+    OpenAIError,
+    from_triton,
+    invalid,
+    model_not_found,
+    unavailable,
+)
+from tritonforge.openai.translate import ModelOutput, ModelSpec, TritonRequest
+
+
+def _bytes(name: str, value: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
+    return tensor
+
+
+def _bool(name: str, value: bool) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], "BOOL")
+    tensor.set_data_from_numpy(np.array([value], dtype=bool))
+    return tensor
+
+
+def request_inputs(request: TritonRequest) -> list[grpcclient.InferInput]:
+    """The request's tensors in the shared schema."""
+    if request.prompt_input == "input_ids":
+        ids = np.asarray(request.prompt, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
+            raise invalid("prompt: token ids must be in [0, 2^31)", "prompt")
+        prompt = grpcclient.InferInput("input_ids", [int(ids.size)], "INT32")
+        prompt.set_data_from_numpy(ids.astype(np.int32))
+    else:
+        assert isinstance(request.prompt, str)
+        prompt = _bytes(request.prompt_input, request.prompt)
+    inputs = [prompt, _bytes("sampling_parameters", json.dumps(request.sampling))]
+    inputs += [_bool(name, value) for name, value in request.flags.items()]
+    return inputs
+
+
+def _byte_elements(raw: bytes) -> list[bytes]:
+    """A BYTES tensor's elements: each is a little-endian uint32 length, then the bytes."""
+    elements, at = [], 0
+    while at + 4 <= len(raw):
+        size = int.from_bytes(raw[at : at + 4], "little")
+        elements.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return elements
+
+
+def parse_response(response: Any) -> ModelOutput:
+    """One ``ModelInferResponse`` as a :class:`ModelOutput` (outputs it lacks stay None).
+
+    Read straight from the protobuf, one pass over its outputs: this runs once per
+    streamed token, on the same two cores as the engine, so it avoids building numpy
+    arrays for what are a few bytes and a couple of integers.
+    """
+    output = ModelOutput()
+    contents = response.raw_output_contents
+    for index, tensor in enumerate(response.outputs):
+        raw = contents[index] if index < len(contents) else b""
+        name = tensor.name
+        if name == "text_output":
+            output.text = b"".join(_byte_elements(raw)).decode("utf-8")
+        elif name == "finish_reason":
+            output.finish_reason = b"".join(_byte_elements(raw)).decode("utf-8")
+        elif name == "num_input_tokens":
+            output.num_input_tokens = int(np.frombuffer(raw, "<u4")[0]) if raw else None
+        elif name == "num_output_tokens":
+            output.num_output_tokens = int(np.frombuffer(raw, "<u4").sum())
+        elif name == "logprobs":
+            output.logprobs = json.loads(b"".join(_byte_elements(raw)) or b"null") or []
+        elif name == "output_ids":
+            output.output_ids = np.frombuffer(raw, "<i4").tolist()
+    final = response.parameters.get("triton_final_response")
+    output.final = bool(final is not None and final.bool_param)
+    return output
+
+
+def _rpc_error(error: grpc.aio.AioRpcError, model: str, url: str) -> OpenAIError:
+    code = error.code()
+    if code == grpc.StatusCode.NOT_FOUND:
+        return model_not_found(model, "is not loaded")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return unavailable(f"Triton at {url} is not reachable: {error.details()}")
+    return from_triton(error.details() or str(code), model)
+
+
+class TritonStream:
+    """The model's responses to one request; :meth:`cancel` ends it in Triton too.
+
+    Iterating raises :class:`OpenAIError` for an error response. Iteration stops after
+    the final response; a consumer that stops early must call :meth:`cancel`.
+    """
+
+    def __init__(self, call: Any, model: str, url: str, on_gone: Any) -> None:
+        self._call = call
+        self._model = model
+        self._url = url
+        self._on_gone = on_gone
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[ModelOutput]:
+        return self
+
+    async def __anext__(self) -> ModelOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            result, error = await self._call.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            raise
+        except grpc.aio.AioRpcError as exc:
+            self._done = True
+            raise _rpc_error(exc, self._model, self._url) from None
+        if error is not None:
+            self._done = True
+            mapped = from_triton(error.message(), self._model)
+            if mapped.status == 404 or "unexpected inference input" in mapped.message:
+                self._on_gone(self._model)  # unloaded or reconfigured: read its config again
+            raise mapped
+        output = parse_response(result.get_response())
+        self._done = output.final
+        return output
+
+    def cancel(self) -> None:
+        """Cancel the gRPC call: Triton cancels the request, the engine aborts it."""
+        if not self._done:
+            self._done = True
+            self._call.cancel()
+
+
+class TritonGateway:
+    """One Triton server: its LLM models and streams to them, over one gRPC client."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: grpcaio.InferenceServerClient | None = None
+        self._specs: dict[str, ModelSpec] = {}
+
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        # Created on first use, inside the running event loop (grpc.aio channels bind to it).
+        if self._client is None:
+            self._client = grpcaio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+            self._client = None
+
+    async def server_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=5))
+        except (InferenceServerException, grpc.aio.AioRpcError):
+            return False
+
+    def forget(self, model: str) -> None:
+        self._specs.pop(model, None)
+
+    async def spec(self, model: str) -> ModelSpec:
+        """The model's schema inputs and outputs; 404 unless it is a loaded LLM model."""
+        if (cached := self._specs.get(model)) is not None:
+            return cached
+        try:
+            reply = await self.client.get_model_config(model, as_json=True, client_timeout=10)
+        except InferenceServerException as exc:
+            status = str(exc.status() or "")
+            if "NOT_FOUND" in status or "unknown model" in (exc.message() or ""):
+                raise model_not_found(model, "does not exist or is not loaded") from None
+            if "UNAVAILABLE" in status or "DEADLINE" in status:
+                raise unavailable(f"Triton at {self.url} is not reachable") from None
+            raise from_triton(exc.message() or status, model) from None
+        config = reply.get("config", {})
+        spec = ModelSpec(
+            name=model,
+            inputs=frozenset(i["name"] for i in config.get("input", [])),
+            outputs=frozenset(o["name"] for o in config.get("output", [])),
+        )
+        if not spec.is_llm:
+            raise model_not_found(model, "is not an LLM model (no text prompt and sampling input)")
+        self._specs[model] = spec
+        return spec
+
+    async def llm_models(self) -> list[str]:
+        """Names of the LLM models that are ready now, from the repository index."""
+        try:
+            index = await self.client.get_model_repository_index(as_json=True, client_timeout=10)
+        except InferenceServerException as exc:
+            raise unavailable(f"Triton at {self.url} is not reachable: {exc.message()}") from None
+        names = []
+        for entry in index.get("models", []):
+            if entry.get("state") != "READY":
+                continue
+            try:
+                await self.spec(entry["name"])
+            except OpenAIError:
+                continue  # not an LLM model, or gone since the index was read
+            names.append(entry["name"])
+        return sorted(set(names))
+
+    def stream(self, model: str, request: TritonRequest) -> TritonStream:
+        """Send one request to ``model`` and return its responses as they come."""
+        inputs = request_inputs(request)
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": model, "inputs": inputs}
+
+        call = self.client.stream_infer(one_request())
+        return TritonStream(call, model, self.url, self.forget)
