@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tritonforge.repo import engines
 from tritonforge.repo.checks import ModelReport, check_repository
-from tritonforge.repo.engines import ENGINES
 from tritonforge.repo.generate import AddError, AddRequest, add, engine_arg_value, parse_assignment
 from tritonforge.repo.paths import server_environment
 
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Write config.pbtxt and 1/model.json (vllm, llamacpp) or 1/model.yaml "
         "(tensorrt_llm), checked before anything is moved into the repository.",
     )
-    adding.add_argument("--engine", required=True, choices=sorted(ENGINES))
+    adding.add_argument("--engine", required=True, choices=sorted(engines.ENGINES))
     adding.add_argument(
         "--model",
         required=True,
@@ -135,7 +135,7 @@ def _add(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             force=args.force,
         )
-        reports = add(request, server_environment())
+        reports = add(request, server_environment(), engines.known_args)
     except AddError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "add":
         return _add(args)
-    reports = check_repository(args.repository, server_environment())
+    reports = check_repository(args.repository, server_environment(), engines.known_args)
     failed = any(r.errors for r in reports)
     if args.json:
         print(json.dumps([_as_dict(r) for r in reports], indent=2))
