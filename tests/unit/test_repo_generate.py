@@ -334,3 +334,32 @@ def test_the_llamacpp_argument_list_is_read_from_the_installed_engine() -> None:
     args = _llamacpp_args()
     assert {"model_path", "n_ctx", "n_threads"} <= args.names
     assert "kwargs" not in args.names and "self" not in args.names
+
+
+def test_the_tensorrt_llm_argument_list_is_torch_llm_args_fields(monkeypatch) -> None:
+    """Against a stand-in of tensorrt_llm.llmapi.llm_args (TensorRT-LLM needs a GPU):
+    LLM(**kwargs) with the PyTorch backend validates its keywords as TorchLlmArgs."""
+    from tritonforge.repo.engines import _tensorrt_llm_args
+
+    trtllm = types.ModuleType("tensorrt_llm")
+    trtllm.__version__ = "9.9"
+    llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
+    # A pydantic model: its fields are model_fields.
+    fields = {"model": None, "backend": None, "max_seq_len": None}
+    llm_args.TorchLlmArgs = types.SimpleNamespace(model_fields=fields)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", trtllm)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", llm_args)
+    args = _tensorrt_llm_args()
+    assert args.names == {"model", "backend", "max_seq_len"}
+    assert args.source == "TensorRT-LLM 9.9 TorchLlmArgs"
+
+
+def test_an_engine_that_is_not_installed_is_reported_not_raised(monkeypatch) -> None:
+    from tritonforge.repo import engines
+
+    monkeypatch.setattr(engines, "is_installed", lambda module: False)
+    engines.known_args.cache_clear()
+    try:
+        assert engines.known_args("tensorrt_llm") == "TensorRT-LLM is not installed here"
+    finally:
+        engines.known_args.cache_clear()
