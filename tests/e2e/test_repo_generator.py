@@ -6,6 +6,8 @@ GGUF) — with the shipped models' engine settings, passes ``check`` (vLLM's rea
 argument list: a typo is refused first), and is served by a tritonserver of its own.
 Expectations come from the same server, never from hard-coded model text: the
 ensemble's greedy answer equals the generated vLLM model's, response by response.
+
+The last test records the readiness behaviour deploy/k8s relies on, on the same server.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import json
 from pathlib import Path
 
 import pytest
+import requests
 
-from tests.e2e.client import llm_inputs, stream
+from tests.e2e.client import control_model, llm_inputs, model_state, stream, wait_for
 from tritonforge.launcher import MODEL_REPOSITORY, TritonServer
 from tritonforge.model_store import DEFAULT_MODEL_NAME, gguf_path, models_dir
 from tritonforge.repo import cli
@@ -97,3 +100,33 @@ def test_generated_llamacpp_model_answers(server) -> None:
     assert result.text.strip()
     [reason] = [r.reshape(-1)[0].decode() for r in result.outputs("finish_reason")]
     assert reason == "length"
+
+
+def _status(server, path: str) -> int:
+    # A new connection per probe, as a kubelet's: no keep-alive (workaround W10).
+    reply = requests.get(
+        f"http://{server.http_url}{path}", timeout=5, headers={"Connection": "close"}
+    )
+    return reply.status_code
+
+
+def test_server_readiness_ignores_an_unloaded_model_so_k8s_probes_the_model(server) -> None:
+    """Why deploy/k8s's readiness probe is /v2/models/<model>/ready, not /v2/health/ready.
+
+    A model whose engine died unloads itself before it reloads (tritonforge/restarts.py)
+    and stays unloaded when its restarts are exhausted. Triton 2.51's strict server
+    readiness counts loaded models only: it answers 200 while the model is gone.
+    """
+    model_ready = f"/v2/models/{LLAMACPP}/ready"
+    control_model(server.grpc_url, "unload", LLAMACPP)
+    # While UNLOADING (and LOADING) the server is not ready either; once the model is
+    # gone (UNAVAILABLE) it is ready again.
+    wait_for(
+        lambda: model_state(server.http_url, LLAMACPP) == "UNAVAILABLE",
+        timeout_s=60,
+        what="the unload to finish",
+    )
+    assert _status(server, "/v2/health/ready") == 200  # the server says ready...
+    assert _status(server, model_ready) == 400  # ...the model it should serve is not
+    control_model(server.grpc_url, "load", LLAMACPP)
+    assert _status(server, model_ready) == 200
