@@ -5,7 +5,8 @@ HorizontalPodAutoscaler, ConfigMap) are validated with ``kubernetes-validate`` i
 mode (unknown fields are errors, so a misspelt ``readinessProbe`` fails here). The
 ServiceMonitor is a Prometheus Operator CRD that kubernetes-validate has no schema for:
 it is validated against a small JSON schema of the fields used (a subset of the
-operator's CRD, closed to other fields). The Kustomization is checked for structure.
+operator's CRD, closed to other fields). The Kustomization is checked for structure
+and, where kubectl is installed, rendered offline with ``kubectl kustomize``.
 Nothing here talks to a cluster: what a scheduler, a GPU or prometheus-adapter would do
 is not tested (see README.md, "Deploying on Kubernetes").
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +142,25 @@ def test_service_monitor_matches_the_fields_it_uses() -> None:
     broken["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SERVICE_MONITOR_SCHEMA)
+
+
+def test_kustomize_renders_the_base_into_valid_manifests() -> None:
+    """``kubectl kustomize`` (offline; skipped where kubectl is missing) builds the base,
+    replaces the image placeholder, and what it renders still validates."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "tritonforge-vllm:placeholder"
 
 
 def test_kustomization_lists_every_base_manifest_and_nothing_else() -> None:
