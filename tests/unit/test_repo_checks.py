@@ -219,9 +219,9 @@ def test_an_engine_that_is_not_installed_is_a_note_not_a_problem(repo, repo_env)
     report = check(repo, repo_env, lambda engine: "TensorRT-LLM is not installed here")["trt"]
     assert report.errors == []
     assert report.notes == [
-        "engine arguments not checked: TensorRT-LLM is not installed here",
         "tritonforge_no_such_module not installed here: `python -m tritonforge.launcher` "
         "leaves this model out on this machine",
+        "engine arguments not checked: TensorRT-LLM is not installed here",
     ]
     assert report.state == "ok, partly unchecked"
 

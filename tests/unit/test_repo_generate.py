@@ -269,7 +269,11 @@ def test_a_model_that_would_not_load_is_not_written(tmp_path, models_root, repo_
         ({"engine": "tgi"}, "--engine must be one of"),
         ({"instances": 0}, "--instances must be >= 1"),
         ({"max_inflight": 0}, "--max-inflight must be >= 1"),
-        ({"engine_args": {"model": "/x"}}, "set it with --model"),
+        ({"engine_args": {"model": "/x"}}, "give the model with --model"),
+        (
+            {"engine": "tensorrt_llm", "engine_args": {"triton_config": {}}},
+            "triton_config: written by the tool",
+        ),
         ({"model": "/does/not/exist"}, "model directory /does/not/exist does not exist"),
         ({"model": "$NO_SUCH_VAR/x"}, "NO_SUCH_VAR .* is not set"),
     ],

@@ -165,6 +165,7 @@ def check_model(repo: Repository, model_dir: Path, config: Any, report: ModelRep
             f"config.pbtxt names the model {config.name!r} but its directory is {name!r}: "
             "Triton refuses the model; make them equal"
         )
+    _check_requires(model_dir, report)
     if config.platform == "ensemble":
         report.kind = "ensemble"
         _check_ensemble(repo, config, report)
@@ -185,7 +186,6 @@ def check_model(repo: Repository, model_dir: Path, config: Any, report: ModelRep
     else:
         report.kind = config.backend or config.platform or "?"
         report.note(f"backend {report.kind!r}: only the config's syntax was checked")
-    _check_requires(model_dir, report)
 
 
 def _check_requires(model_dir: Path, report: ModelReport) -> None:

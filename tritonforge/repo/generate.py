@@ -96,9 +96,11 @@ def _validate(request: AddRequest) -> None:
     if request.loras and request.engine != "vllm":
         raise AddError("--lora: LoRA adapters are configured for --engine vllm only")
     spec = request.spec
-    clash = sorted({spec.model_key, *spec.file_keys} & set(request.engine_args))
-    if clash:
-        raise AddError(f"--engine-arg {clash[0]}: set it with --model, not as an engine argument")
+    if spec.model_key in request.engine_args:
+        raise AddError(f"--engine-arg {spec.model_key}: give the model with --model")
+    written = sorted(spec.file_keys & set(request.engine_args))
+    if written:
+        raise AddError(f"--engine-arg {written[0]}: written by the tool (streaming needs it)")
     if request.repository.exists() and not request.repository.is_dir():
         raise AddError(f"--repository {request.repository} is not a directory")
     taken = [n for n in request.names() if _exists(request.repository / n)]
