@@ -52,8 +52,13 @@ def load_engine_config(version_dir: Path, filename: str) -> dict[str, Any]:
     return data
 
 
-def resolve_path(value: str, base: Path) -> str:
-    path = Path(expand_env(value)).expanduser()
+def resolve_path(value: str, base: Path, env: Mapping[str, str] | None = None) -> str:
+    """``value`` with ``$VAR`` expanded; relative paths resolve against ``base`` if there.
+
+    ``env`` lets a checker resolve paths as the server will see them (the launcher's
+    environment) without changing its own process environment.
+    """
+    path = Path(expand_env(value, env)).expanduser()
     if not path.is_absolute() and (base / path).exists():
         path = base / path
     return str(path)
