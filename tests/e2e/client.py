@@ -96,6 +96,7 @@ def stream(
     result = StreamResult()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: events.put((result, error)))
+    ended = False  # the request's last response (or its error) arrived
     try:
         client.async_stream_infer(
             model, inputs, enable_empty_final_response=True, timeout=request_timeout_us
@@ -105,20 +106,24 @@ def stream(
             res, err = events.get(timeout=max(0.1, deadline - time.monotonic()))
             if err is not None:
                 result.error = err
+                ended = True
                 break
             if res.get_response().outputs:
                 result.responses.append(res)
                 if on_response:
                     on_response(len(result.responses))
             if _is_final(res):
+                ended = True
                 break
             if stop_after is not None and len(result.responses) >= stop_after:
                 break  # the finally block cancels it
     finally:
         # After an error response tritonclient marks the stream invalid and stop_stream
         # raises; the error itself is already in ``result``.
+        # Cancel only a request that is still running: cancelling one that has ended
+        # races Triton 2.51's own clean-up of it (see the engine-restart test).
         with contextlib.suppress(InferenceServerException):
-            client.stop_stream(cancel_requests=True)
+            client.stop_stream(cancel_requests=not ended)
         client.close()
     return result
 
