@@ -28,36 +28,8 @@ from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, 
 from tritonforge.restarts import RestartLedger, RestartPolicy
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
+from tritonforge.tensors import LLM_INPUTS, LLM_OUTPUTS
 from tritonforge.triton_metrics import TritonMetrics
-
-_BOOL_INPUTS = (
-    "stream",
-    "exclude_input_in_output",
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-    "return_output_ids",
-)
-# The tensors every LLM model of this project serves; auto-complete adds missing ones so
-# an upstream-style config.pbtxt (just ``backend: "vllm"``) works unchanged.
-INPUTS = [
-    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    {"name": "input_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
-    {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    *({"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in _BOOL_INPUTS),
-]
-OUTPUTS = [
-    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
-    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
-    {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
-]
 
 
 def triton_error(exc: BaseException) -> Any:
@@ -170,10 +142,10 @@ class LLMModel:
         present = config.as_dict()
         have_inputs = {i["name"] for i in present.get("input", [])}
         have_outputs = {o["name"] for o in present.get("output", [])}
-        for spec in [*INPUTS, *cls.dialect.inputs]:
+        for spec in [*LLM_INPUTS, *cls.dialect.inputs]:
             if spec["name"] not in have_inputs:
                 config.add_input(spec)
-        for spec in OUTPUTS:
+        for spec in LLM_OUTPUTS:
             if spec["name"] not in have_outputs:
                 config.add_output(spec)
         # Decoupled: the engine batches on its own and streams many responses per request.

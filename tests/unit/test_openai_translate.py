@@ -18,23 +18,9 @@ from tritonforge.openai.app import create_app
 from tritonforge.openai.errors import OpenAIError, from_triton, model_not_found
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tritonforge.openai.translate import ModelOutput, ModelSpec, TritonRequest, Usage
+from tritonforge.tensors import LLM_INPUTS
 
-SCHEMA_INPUTS = frozenset(
-    {
-        "text_input",
-        "messages",
-        "input_ids",
-        "sampling_parameters",
-        "stream",
-        "exclude_input_in_output",
-        "return_finish_reason",
-        "return_cumulative_logprob",
-        "return_logprobs",
-        "return_num_input_tokens",
-        "return_num_output_tokens",
-        "return_output_ids",
-    }
-)
+SCHEMA_INPUTS = frozenset(spec["name"] for spec in LLM_INPUTS)  # the shared schema
 OUTPUTS = frozenset({"text_output", "finish_reason", "logprobs", "num_input_tokens"})
 LLM = ModelSpec("llm", SCHEMA_INPUTS, OUTPUTS | {"num_output_tokens", "output_ids"})
 TEXT_ONLY = ModelSpec(  # ensemble_vllm's shape: a text prompt, no messages, no ids

@@ -304,20 +304,6 @@ def test_command_line_values() -> None:
 # --- the tables agree with the code they stand for ----------------------------------
 
 
-def test_llm_tensors_are_the_ones_the_triton_edge_auto_completes(monkeypatch) -> None:
-    monkeypatch.setitem(
-        sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils")
-    )
-    monkeypatch.delitem(sys.modules, "tritonforge.triton_model", raising=False)
-    import tritonforge.triton_model as edge
-
-    try:
-        assert list(pbtxt.LLM_INPUTS) == edge.INPUTS
-        assert list(pbtxt.LLM_OUTPUTS) == edge.OUTPUTS
-    finally:
-        sys.modules.pop("tritonforge.triton_model", None)  # bound to the stand-in
-
-
 def test_engine_table_matches_the_adapters_config_files() -> None:
     from tritonforge.engines.llamacpp import LlamaCppEngine
     from tritonforge.engines.tensorrtllm import TensorRTLLMEngine

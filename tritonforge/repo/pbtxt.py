@@ -16,41 +16,13 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from tritonforge.tensors import BOOL_INPUTS, LLM_INPUTS, LLM_OUTPUTS
+
 ModelConfig = model_config_pb2.ModelConfig
-
-_BOOL_INPUTS = (
-    "stream",
-    "exclude_input_in_output",
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-    "return_output_ids",
-)
-
-#: Every LLM model's tensors (the common schema; ``tritonforge.triton_model`` holds the
-#: same lists for auto-complete, and a unit test keeps the two equal).
-LLM_INPUTS: tuple[dict[str, Any], ...] = (
-    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    {"name": "input_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
-    {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
-    *({"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in _BOOL_INPUTS),
-)
-LLM_OUTPUTS: tuple[dict[str, Any], ...] = (
-    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
-    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
-    {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
-)
 
 #: The ensemble's client inputs: the LLM's, minus what the ensemble itself provides
 #: (the prompt as ids) or cannot honour (``messages``: there is no chat template step).
-ENSEMBLE_INPUTS = ("text_input", "sampling_parameters", *_BOOL_INPUTS[:-1])
+ENSEMBLE_INPUTS = ("text_input", "sampling_parameters", *BOOL_INPUTS[:-1])
 #: LLM outputs the ensemble passes through (text comes from postprocessing).
 ENSEMBLE_PASSTHROUGH = (
     "finish_reason",
