@@ -204,15 +204,9 @@ def _stubs(server, model: str) -> list:
     return found
 
 
-# Triton 2.51 workaround W12 (an open issue), see docs/triton-2.51-workarounds.md
+# Once an open issue (W12); its cause was W14, see docs/triton-2.51-workarounds.md: the
+# test client cancelled requests that had already ended.
 @pytest.mark.last
-@pytest.mark.xfail(
-    reason="known open issue (README): a client cancel racing the unload, after earlier "
-    "cancelled and failed requests, leaves guarded_chat UNLOADING (most full pipeline "
-    "run here; usually within 20 tries of scripts/repro_guarded_chat_unload.py); its "
-    "stub is idle and Triton 2.51 never calls finalize: a reference held inside Triton",
-    strict=False,
-)
 def test_unload_after_errors_and_cancels_is_clean_and_reload_serves(server) -> None:
     # An error and a cancellation just before the unload: the cases that once hung.
     stream(server.grpc_url, "guarded_chat", _chat("word " * 2100, GREEDY))
