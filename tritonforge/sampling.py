@@ -33,8 +33,8 @@ class StructuredOutput:
     """A constraint on the generated text: exactly one kind with its value.
 
     ``disable_any_whitespace`` (``json``/``json_object`` only) asks for JSON without
-    free whitespace between tokens: vLLM's JSON grammar otherwise allows any amount,
-    and a small greedy model can spend its whole budget on newlines.
+    free whitespace between tokens (a small greedy model can spend its whole budget on
+    newlines). llama.cpp honours it; vLLM 0.32 reads only its engine-wide setting.
     """
 
     kind: str
