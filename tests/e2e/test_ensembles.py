@@ -56,12 +56,24 @@ def test_streamed_greedy_output_equals_vllm_model_response_by_response(
     result = stream(server.grpc_url, model, llm_inputs(prompt, CASES[prompt]))
     assert result.error is None, result.error
     assert len(result.responses) > 1  # really streamed
-    assert result.texts() == direct[prompt]
+    assert _cut_end(result.texts()) == _cut_end(direct[prompt])
     # No character split between responses: a streamed response decodes to no more
     # replacement characters than vLLM's whole text has (the model itself may emit an
     # invalid byte sequence; which one depends on the CPU's numerics).
     whole = stream(server.grpc_url, DIRECT, llm_inputs(prompt, CASES[prompt], stream=False))
-    assert result.text.count("\ufffd") == whole.text.count("\ufffd"), result.texts()
+    replaced = "".join(_cut_end(result.texts())).count("\ufffd")
+    assert replaced == whole.text.rstrip("\ufffd").count("\ufffd"), result.texts()
+
+
+def _cut_end(texts: list[str]) -> list[str]:
+    """Responses with a trailing partial character dropped from the last one.
+
+    When max_tokens ends a generation inside a multi-byte character, vllm_model's
+    detokenizer drops the partial bytes ("") while the ensemble's stateless
+    postprocessing decodes them to U+FFFD; everything before must match exactly.
+    (Found by make test-numerics: float32 numerics end one prompt that way.)
+    """
+    return [*texts[:-1], texts[-1].rstrip("\ufffd")] if texts else texts
 
 
 @pytest.mark.parametrize("model", ENSEMBLES)
