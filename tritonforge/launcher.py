@@ -25,7 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,29 @@ def stop_session(
     return process.returncode
 
 
+def wait_until_ready(
+    process: subprocess.Popen | None,
+    url: str,
+    what: str,
+    timeout_s: float,
+    poll_s: float = 0.5,
+    on_exit: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll ``url`` until it answers 200; fail at once if ``process`` exits first.
+
+    ``on_exit`` adds detail (a log tail) to the error of a process that died.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}{on_exit()}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process group: start, wait until ready, stop without leftovers."""
@@ -260,16 +283,8 @@ class TritonServer:
         )
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url, timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s")
+        wait_until_ready(self.process, url, "tritonserver", timeout_s)
 
     def descendants(self) -> list[psutil.Process]:
         """The server's live child processes: stubs and the engine processes they start."""
@@ -353,18 +368,8 @@ class OpenAIFrontend:
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
         url = f"http://{_client_host(self.host)}:{self.port}/health"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the OpenAI frontend exited with code {self.process.returncode}"
-                )
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url, timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise TimeoutError(f"the OpenAI frontend not ready after {timeout_s:.0f} s")
+        wait_until_ready(self.process, url, "the OpenAI frontend", timeout_s, poll_s=0.2)
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         return stop_session(self.process, timeout_s) if self.process is not None else None

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
-from tritonforge.launcher import free_ports, session_processes, stop_session
+import pytest
+
+from tritonforge.launcher import (
+    free_port,
+    free_ports,
+    session_processes,
+    stop_session,
+    wait_until_ready,
+)
 
 
 def test_free_ports_are_distinct() -> None:
@@ -34,3 +43,14 @@ def test_signal_group_reaches_every_member() -> None:
     process = start_session("sleep 60 & wait")
     stop_session(process, timeout_s=10, signal_group=True)
     assert not session_processes(process.pid)
+
+
+def test_wait_until_ready_names_the_exit_and_the_timeout() -> None:
+    """The one readiness poll every server wrapper uses: exit first, timeout otherwise."""
+    url = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    with pytest.raises(RuntimeError, match="toy exited with code 3; tail"):
+        wait_until_ready(dead, url, "toy", timeout_s=5, on_exit=lambda: "; tail")
+    with pytest.raises(TimeoutError, match="toy not ready after 0 s"):
+        wait_until_ready(None, url, "toy", timeout_s=0.3, poll_s=0.05)

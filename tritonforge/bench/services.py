@@ -16,7 +16,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from tritonforge.launcher import (
     free_port,
     server_environment,
     stop_session,
+    wait_until_ready,
 )
 
 READY_TIMEOUT_S = 600.0
@@ -189,19 +189,13 @@ class VllmOpenAIService:
         )
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        url = f"http://127.0.0.1:{self.port}/v1/models"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server exited with code {self.process.returncode}; "
-                    f"log tail:\n{_tail(self.log_path)}"
-                )
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url, timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s")
+        wait_until_ready(
+            self.process,
+            f"http://127.0.0.1:{self.port}/v1/models",
+            "vLLM server",
+            timeout_s,
+            on_exit=lambda: f"; log tail:\n{_tail(self.log_path)}",
+        )
 
     def stop(self) -> None:
         if self.process is not None:
