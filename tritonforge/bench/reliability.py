@@ -54,8 +54,12 @@ PROMPTS = (
     "Summarise the plot of a detective story in one paragraph.",
     "Give a recipe idea that uses rice, eggs and spinach.",
 )
-#: Structured outputs the mixed load asks for, each with the check its text must pass:
-#: a constraint the engine ignored would show as a failed request, not as a success.
+#: Structured outputs the mixed load asks for, each with the check its text must pass
+#: when generation stopped by itself: a constraint the engine ignored shows as a failed
+#: request. A text cut by max_tokens (finish_reason "length") cannot be complete JSON and
+#: is counted apart, not failed: vLLM's JSON grammar allows any whitespace between
+#: tokens, and a small model can spend its budget on newlines (vLLM 0.32 does not read
+#: the per-request ``disable_any_whitespace``, only the engine-wide setting).
 STRUCTURED: tuple[tuple[str, dict[str, Any], int, Callable[[str], bool]], ...] = (
     ("choice", {"choice": ["yes", "no", "maybe"]}, 4, lambda t: t in ("yes", "no", "maybe")),
     ("regex", {"regex": "[0-9]{3}"}, 8, lambda t: re.fullmatch("[0-9]{3}", t) is not None),
@@ -70,7 +74,7 @@ STRUCTURED: tuple[tuple[str, dict[str, Any], int, Callable[[str], bool]], ...] =
             },
             "disable_any_whitespace": True,
         },
-        16,
+        32,
         lambda t: isinstance(_json_or_none(t), dict) and isinstance(_json_or_none(t)["ok"], bool),
     ),
 )
@@ -178,6 +182,7 @@ class Outcome:
     error: str | None = None
     hung: bool = False
     ended_at: float = 0.0  # time.monotonic() when it ended
+    finish_reason: str = ""  # when asked for (return_finish_reason)
 
 
 def _bytes_raw(value: str | bytes) -> bytes:
@@ -204,10 +209,10 @@ def grpc_request(
     return request
 
 
-def _text_of(response: service_pb2.ModelInferResponse) -> str:
-    if not any(o.name == "text_output" for o in response.outputs):
+def _text_of(response: service_pb2.ModelInferResponse, name: str = "text_output") -> str:
+    if not any(o.name == name for o in response.outputs):
         return ""
-    array = InferResult(response).as_numpy("text_output")
+    array = InferResult(response).as_numpy(name)
     return b"".join(array.reshape(-1)).decode("utf-8", errors="replace")
 
 
@@ -230,8 +235,30 @@ class GrpcStream:
         yield self._request
         await self._done.wait()
 
-    async def run(self, kind: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Outcome:
-        """Read responses until FINAL or an error; bounded by ``timeout_s``."""
+    async def _close(self, polite: bool) -> None:
+        """End the call: half-close and let the server finish it, or cancel it.
+
+        A request that ended (FINAL or an error) is closed politely, as tritonclient's
+        ``stop_stream()`` without ``cancel_requests`` does; only a hung or abandoned one
+        is cancelled.
+        """
+        self._done.set()
+        if polite:
+            with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+                async with asyncio.timeout(5):
+                    async for _ in self.call:
+                        pass
+        self.call.cancel()  # a no-op once the server has ended the call
+
+    async def run(
+        self, kind: str, timeout_s: float = REQUEST_TIMEOUT_S, *, cancel_at_end: bool = False
+    ) -> Outcome:
+        """Read responses until FINAL or an error; bounded by ``timeout_s``.
+
+        ``cancel_at_end`` cancels the call the moment the request ended instead of
+        closing it politely: scripts/repro_cancel_after_final.py shows that this keeps
+        ensemble_vllm from unloading (Triton 2.51).
+        """
         start = time.monotonic()
         outcome = Outcome(kind, self._request.model_name, False, 0.0)
         parts: list[str] = []
@@ -245,6 +272,9 @@ class GrpcStream:
                     if response.outputs:
                         outcome.responses += 1
                         parts.append(_text_of(response))
+                        outcome.finish_reason = (
+                            _text_of(response, "finish_reason") or outcome.finish_reason
+                        )
                         self.first_response.set()
                     final = response.parameters.get("triton_final_response")
                     if final is not None and final.bool_param:
@@ -261,8 +291,8 @@ class GrpcStream:
             outcome.error = "cancelled by the client"
             raise
         finally:
-            self._done.set()
-            self.call.cancel()
+            ended = not outcome.hung and outcome.error != "cancelled by the client"
+            await self._close(polite=ended and not cancel_at_end)
             outcome.ended_at = time.monotonic()
             outcome.seconds = outcome.ended_at - start
             outcome.text = "".join(parts)
@@ -395,11 +425,17 @@ async def one_mixed_request(
         "sampling_parameters": json.dumps(sampling),
         "stream": rng.random() < 0.5,
         "exclude_input_in_output": True,
+        "return_finish_reason": True,
     }
     outcome = await GrpcStream(clients.channel(), grpc_request(model, inputs)).run(kind)
-    if outcome.ok and not check(outcome.text.strip()):
+    if outcome.ok and outcome.finish_reason == "length":
+        outcome.kind = "structured_cut_by_max_tokens"
+    elif outcome.ok and not check(outcome.text.strip()):
         outcome.ok = False
-        outcome.error = f"structured output ({name}) violated: {outcome.text[:80]!r}"
+        outcome.error = (
+            f"structured output ({name}) violated, finish_reason {outcome.finish_reason!r}: "
+            f"{outcome.text[:80]!r}"
+        )
     return outcome
 
 
