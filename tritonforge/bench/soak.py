@@ -243,6 +243,10 @@ def report(result: SoakResult) -> str:
         lines.append(f"**{scenario.name}** ({scenario.seconds:.0f} s) — criteria: ")
         lines += [f"- {c}" for c in scenario.criteria]
         lines += [f"- failure: {f}" for f in scenario.failures]
+        if scenario.figures.get("server_log_after_sigterm"):
+            lines += ["", "Server log from the SIGTERM on:", "", "```"]
+            lines += scenario.figures["server_log_after_sigterm"]
+            lines.append("```")
         lines.append("")
     lines += [
         f"Machine: {describe_machine(env.machine)}.",
