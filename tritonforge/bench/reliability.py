@@ -827,10 +827,15 @@ async def sigterm_under_load(
             )
         if exit_code is None:
             failures.append(f"tritonserver still running {bound_s:.0f} s after SIGTERM")
-        if left:
+        if left and exit_code is not None:
             failures.append(
                 f"{len(left)} process(es) of the server's group alive {orphan_grace_s:g} s "
                 f"after it exited: {', '.join(_cmd(p)[:40] for p in left)}"
+            )
+        elif left:
+            failures.append(
+                f"{len(left)} process(es) of the server's group still running (tritonserver "
+                f"too), left for the caller's SIGKILL: {', '.join(p.name() for p in left)}"
             )
     finally:
         for task in tasks:
