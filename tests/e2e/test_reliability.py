@@ -77,8 +77,8 @@ def test_streams_cancelled_at_once_leave_the_engine_idle_within_2_s(triton_serve
     assert scenario.passed, _verdict(scenario)
 
 
-def test_malformed_requests_are_refused_by_name_and_change_nothing(triton_server) -> None:
-    scenario = malformed_storm(triton_server, examples=200)
+def test_malformed_requests_are_refused_by_name_and_change_nothing(triton_server, served) -> None:
+    scenario = malformed_storm(triton_server, examples=200, models=served)
     assert scenario.passed, _verdict(scenario)
     assert scenario.figures["over_http"] and scenario.figures["over_grpc"], _verdict(scenario)
 

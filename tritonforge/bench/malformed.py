@@ -27,6 +27,7 @@ import math
 import queue
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,8 +234,13 @@ def _sampling_fault(draw: st.DrawFn) -> tuple[str, str, Any]:
 
 
 @st.composite
-def malformed_requests(draw: st.DrawFn) -> Malformed:
-    """One malformed request; hypothesis varies the fault, its value and the transport."""
+def malformed_requests(draw: st.DrawFn, models: Sequence[str] = (LLM, ENSEMBLE)) -> Malformed:
+    """One malformed request; hypothesis varies the fault, its value and the transport.
+
+    Prompt and chat faults go to vllm_model (the ensemble takes text only and reports an
+    empty prompt as its step's ``input_ids``); sampling faults go to any of ``models``.
+    """
+    llm_or_ensemble = st.sampled_from([m for m in (LLM, ENSEMBLE) if m in models] or [LLM])
     transport = draw(st.sampled_from(("http", "grpc")))
     family = draw(
         st.sampled_from(
@@ -244,7 +250,7 @@ def malformed_requests(draw: st.DrawFn) -> Malformed:
     if family == "sampling":
         what, key, value = draw(_sampling_fault())
         # Request parameters carry scalars only; Triton's ensembles do not pass them on.
-        model = draw(st.sampled_from((LLM, ENSEMBLE)))
+        model = draw(llm_or_ensemble)
         as_parameter = _scalar(value) and re.fullmatch("[a-z_]+", key) is not None
         if as_parameter and model == LLM and draw(st.booleans()):
             return Malformed(
@@ -265,7 +271,7 @@ def malformed_requests(draw: st.DrawFn) -> Malformed:
                 _JSONISH.filter(lambda v: not isinstance(v, dict)).map(json.dumps),
             )
         )
-        model = draw(st.sampled_from((LLM, ENSEMBLE)))
+        model = draw(llm_or_ensemble)
         return Malformed(
             "sampling_parameters/not_a_json_object",
             "sampling_parameters",
@@ -282,7 +288,7 @@ def malformed_requests(draw: st.DrawFn) -> Malformed:
                 "context/max_tokens_beyond_context",
                 "sampling_parameters.max_tokens",
                 transport,
-                model=draw(st.sampled_from((LLM, ENSEMBLE))),
+                model=draw(llm_or_ensemble),
                 sampling_parameters=json.dumps({"max_tokens": max_tokens}),
             )
         token = draw(st.integers(10**6, INT64[1]))
@@ -439,7 +445,12 @@ def greedy_answer(server: Server) -> str:
     return reply["text_output"]
 
 
-def malformed_storm(server: Server, examples: int = 200, seed: int | None = None) -> Scenario:
+def malformed_storm(
+    server: Server,
+    examples: int = 200,
+    seed: int | None = None,
+    models: Sequence[str] = (LLM, ENSEMBLE),
+) -> Scenario:
     """``examples`` generated malformed requests; the server must refuse each by name.
 
     hypothesis stops at the first request answered wrongly and shrinks it to the
@@ -459,7 +470,7 @@ def malformed_storm(server: Server, examples: int = 200, seed: int | None = None
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
-    @given(case=malformed_requests())
+    @given(case=malformed_requests(models))
     def refused_by_name(case: Malformed) -> None:
         answer = send(server, case)
         answers.append(answer)

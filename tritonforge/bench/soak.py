@@ -130,7 +130,9 @@ def run(settings: SoakSettings, results_root: Path = RESULTS_ROOT) -> tuple[Path
         scenarios.append(asyncio.run(cancel_storm(server, streams=settings.cancel_streams)))
         _show(console, scenarios[-1])
         console.print(f"soak: {settings.malformed_examples} malformed requests")
-        scenarios.append(malformed_storm(server, settings.malformed_examples))
+        scenarios.append(
+            malformed_storm(server, settings.malformed_examples, models=settings.models)
+        )
         _show(console, scenarios[-1])
         console.print(f"soak: SIGTERM with {settings.sigterm_requests} requests in flight")
         scenarios.append(
