@@ -4,8 +4,11 @@ PY     := $(VENV)/bin/python
 ARGS   ?=
 PYTEST_ARGS ?=
 CONTRACT ?= perf/contracts/smoke.yaml
+MINUTES ?= 5
+CONCURRENCY ?= 64
+SOAK_MODELS ?= vllm_model ensemble_vllm
 
-.PHONY: serve test test-numerics setup bench-venv bench lint format
+.PHONY: serve test test-numerics setup bench-venv bench soak lint format
 
 setup:
 	@scripts/bootstrap.sh
@@ -33,6 +36,13 @@ test-numerics: setup
 ## Run an evaluation contract end to end: make bench CONTRACT=perf/contracts/chat-mix.yaml
 bench: setup bench-venv
 	$(PY) -m tritonforge.bench run --contract $(CONTRACT)
+
+## The reliability suite at full size, on a server of its own (not part of `make test`):
+## MINUTES of mixed load at CONCURRENCY over SOAK_MODELS (RSS growth < 5 %), 100 streams
+## cancelled at once, 200 malformed requests, SIGTERM under load. Writes
+## perf/results/reliability/<UTC time>/. Example: make soak MINUTES=3 CONCURRENCY=64
+soak: setup
+	$(PY) -m tritonforge.bench soak --minutes $(MINUTES) --concurrency $(CONCURRENCY) --models $(SOAK_MODELS)
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,4 +1,7 @@
-"""Command line: ``python -m tritonforge.bench run --contract perf/contracts/smoke.yaml``."""
+"""Command line: ``python -m tritonforge.bench run --contract perf/contracts/smoke.yaml``.
+
+``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``).
+"""
 
 from __future__ import annotations
 
@@ -61,6 +64,12 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _soak(args: argparse.Namespace) -> int:
+    from tritonforge.bench import soak
+
+    return soak.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +117,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="rebuild report.md and plots from a run's results.json")
     rep.add_argument("run_dir", type=Path)
     rep.set_defaults(func=_report)
+
+    soak = sub.add_parser(
+        "soak",
+        help="reliability suite: mixed load, cancellation storm, malformed requests, SIGTERM",
+    )
+    soak.add_argument("--minutes", type=float, default=5.0, help="mixed load duration")
+    soak.add_argument(
+        "--warmup-minutes", type=float, help="RSS baseline after this (default min(1, minutes/4))"
+    )
+    soak.add_argument("--concurrency", type=int, default=64)
+    soak.add_argument(
+        "--models", nargs="+", default=["vllm_model", "ensemble_vllm"], help="models under load"
+    )
+    soak.add_argument("--cancel-streams", type=int, default=100)
+    soak.add_argument("--malformed-examples", type=int, default=200)
+    soak.add_argument("--sigterm-requests", type=int, help="in flight at SIGTERM (concurrency)")
+    soak.add_argument("--seed", type=int, default=0, help="seeds the mixed load's choices")
+    soak.add_argument("--results", help="results root (default perf/results/reliability)")
+    soak.set_defaults(func=_soak)
     return parser
 
 

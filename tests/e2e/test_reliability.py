@@ -1,0 +1,117 @@
+"""The reliability suite, small (issue 15): ``make soak`` runs the same scenarios at size.
+
+Against the session's shared server: 30 s of mixed streamed / non-streamed / structured
+requests at concurrency 16 over vllm_model and ensemble_vllm with none failing; 32
+streams cancelled at once with the engine idle again within 2 s; 200 hypothesis-
+generated malformed requests each refused naming its field, the model ready throughout
+and its greedy answer unchanged. SIGTERM under load ends a server, so it gets one of
+its own (vllm_model only) and runs last. The scenario functions carry the criteria;
+these tests only choose the sizes, so CI and the committed soak measure the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tritonforge.bench.malformed import malformed_storm
+from tritonforge.bench.reliability import (
+    ENSEMBLE,
+    LLM,
+    Scenario,
+    cancel_storm,
+    mixed_load,
+    sigterm_under_load,
+)
+from tritonforge.launcher import TritonServer
+
+pytestmark = pytest.mark.server
+
+
+def _verdict(scenario: Scenario) -> str:
+    """What a failing assertion shows: the failures and every figure."""
+    figures = {k: v for k, v in scenario.figures.items() if k != "rss_samples"}
+    return f"{scenario.name}: {scenario.failures}\nfigures: {figures}"
+
+
+@pytest.fixture(scope="module")
+def served(triton_server) -> list[str]:
+    """The soak's models among those the session loaded (TRITONFORGE_TEST_MODELS)."""
+    import requests
+
+    ready = [
+        model
+        for model in (LLM, ENSEMBLE)
+        if requests.get(
+            f"http://{triton_server.http_url}/v2/models/{model}/ready", timeout=10
+        ).status_code
+        == 200
+    ]
+    if LLM not in ready:
+        pytest.skip("vllm_model is not loaded on this server")
+    return ready
+
+
+def test_mixed_load_at_concurrency_16_has_no_failure(triton_server, served) -> None:
+    scenario = asyncio.run(
+        mixed_load(
+            triton_server,
+            models=served,
+            concurrency=16,
+            duration_s=30,
+            warmup_s=10,
+            rss_limit_pct=None,  # 30 s says nothing about a leak; `make soak` checks RSS
+            processes=triton_server.group_processes,
+            seed=15,
+        )
+    )
+    assert scenario.passed, _verdict(scenario)
+    assert scenario.figures["requests"] >= 16, _verdict(scenario)
+    kinds = scenario.figures["by_model_and_kind"]
+    assert any(k.startswith(f"{LLM}/structured") for k in kinds), _verdict(scenario)
+
+
+def test_streams_cancelled_at_once_leave_the_engine_idle_within_2_s(triton_server) -> None:
+    scenario = asyncio.run(cancel_storm(triton_server, streams=32, within_s=2.0))
+    assert scenario.passed, _verdict(scenario)
+
+
+def test_malformed_requests_are_refused_by_name_and_change_nothing(triton_server, served) -> None:
+    scenario = malformed_storm(triton_server, examples=200, models=served)
+    assert scenario.passed, _verdict(scenario)
+    assert scenario.figures["over_http"] and scenario.figures["over_grpc"], _verdict(scenario)
+
+
+#: Measured here (issue 15, perf/results/reliability/): Triton 2.51 waits out its exit
+#: timeout for the busy model to unload, prints "Exit timeout expired. Exiting
+#: immediately.", aborts in malloc() on the way out and then hangs; no request in flight
+#: gets an answer, and the stub's vLLM engine processes outlive it. Not model code: the
+#: xfail stays until the shutdown path is fixed (non-strict: a fast GPU host may drain
+#: the requests inside the exit timeout and pass).
+SIGTERM_HANG = (
+    "Triton 2.51 under load: exit timeout, abort in malloc(), hang; requests unanswered, "
+    "engine processes orphaned (README, Reliability)"
+)
+
+
+@pytest.mark.last
+@pytest.mark.xfail(reason=SIGTERM_HANG, strict=False)
+def test_sigterm_under_load_ends_every_request_and_leaves_no_process(tmp_path) -> None:
+    """A server of its own (the shared one must survive), with a 5 s exit timeout.
+
+    The short exit timeout and margin keep the test near 90 s with the server's start;
+    the criteria scale with them (every request ended within 20 s of the signal).
+    """
+    server = TritonServer.on_free_ports(
+        models=[LLM], log_path=tmp_path / "server.log", extra_args=["--exit-timeout-secs=5"]
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        scenario = asyncio.run(
+            sigterm_under_load(server, models=[LLM], requests=8, exit_timeout_s=5.0, margin_s=15.0)
+        )
+    finally:
+        server.stop(timeout_s=10)
+    assert scenario.passed, _verdict(scenario)
