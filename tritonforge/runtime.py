@@ -16,6 +16,9 @@ The same poll is the engine's watchdog: once :meth:`Engine.failure` names a caus
 (the engine process died, its worker thread ended), every request in flight ends with
 UNAVAILABLE naming it, new ones are refused, and ``on_engine_failure`` tells the Triton
 edge, which takes the model out of service and brings it back (see triton_model.py).
+It also watches the server itself (server_watch.py): once the server is shutting
+down, requests in flight get a grace period, then end with UNAVAILABLE, so that the
+server can unload the model and exit within its exit timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tritonforge.engines.base import Engine, EngineOutput, EngineStats, Prepared
 from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.responses import Generation, build_outputs, merge_outputs
 from tritonforge.schema import GenerateRequest
+from tritonforge.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
 
 
 class Channel(Protocol):
@@ -152,6 +156,8 @@ class Runtime:
         cancellation_poll_s: float = 0.1,
         drain_timeout_s: float = 5.0,
         on_engine_failure: Callable[[str], None] | None = None,
+        shutdown_watch: ShutdownWatch | None = None,
+        shutdown_poll_s: float = 1.0,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -160,6 +166,9 @@ class Runtime:
         self.cancellation_poll_s = cancellation_poll_s
         self.drain_timeout_s = drain_timeout_s
         self.on_engine_failure = on_engine_failure
+        self.shutdown_watch = shutdown_watch
+        self.shutdown_poll_s = shutdown_poll_s
+        self._server_stopping_at: float | None = None  # monotonic time it was noticed
         self._failure: str | None = None  # set once, when the engine is found dead
         self._inflight: dict[str, _Inflight] = {}
         self._lock = threading.Lock()
@@ -375,17 +384,55 @@ class Runtime:
 
     async def _watch(self) -> None:
         """Every poll interval: cancelled clients, the engine's health, the gauges."""
+        next_server_poll = 0.0
         while True:
             await asyncio.sleep(self.cancellation_poll_s)
             self._post(self._poll_cancellations)
             if self._failure is None and (cause := self.engine.failure()) is not None:
                 self._engine_failed(cause)
+            if self.shutdown_watch is not None and time.monotonic() >= next_server_poll:
+                next_server_poll = time.monotonic() + self.shutdown_poll_s
+                await self._watch_server(self.shutdown_watch)
             stats = self.engine.stats()
             if not self._inflight:
                 # The engine cannot be busy with requests we no longer have; its last
                 # stats snapshot may predate the step that finished them.
                 stats = EngineStats(0, 0, stats.kv_cache_usage)
             self._post(lambda s=stats: self.metrics.set_stats(s))
+
+    async def _watch_server(self, watch: ShutdownWatch) -> None:
+        """Server shutting down: give requests in flight their grace, then end them."""
+        grace_s = watch.settings.grace_s()
+        if self._server_stopping_at is None:
+            if not await watch.poll():
+                return
+            self._server_stopping_at = time.monotonic()
+            with self._lock:
+                self._closing = True
+            self.logger.log_info(
+                f"[tritonforge] the server is shutting down: {len(self._inflight)} request(s) "
+                f"in flight may run {grace_s:g} s more (exit timeout "
+                f"{watch.settings.exit_timeout_s:g} s)"
+            )
+        if self._inflight and time.monotonic() - self._server_stopping_at >= grace_s:
+            ended = self._end_inflight(
+                EngineUnavailable(
+                    f"the server is shutting down; the request did not finish within the "
+                    f"{grace_s:g} s it was given (the server's exit timeout "
+                    f"{watch.settings.exit_timeout_s:g} s less {UNLOAD_RESERVE_S:g} s)"
+                )
+            )
+            self.logger.log_info(f"[tritonforge] shutting down: ended {ended} request(s)")
+
+    def _end_inflight(self, error: EngineUnavailable) -> int:
+        """On the loop: end every request in flight with ``error``; returns how many."""
+        with self._lock:
+            inflight = list(self._inflight.values())
+        for entry in inflight:
+            entry.failure = error
+            if entry.task is not None:
+                entry.task.cancel()
+        return len(inflight)
 
     def _failure_error(self, cause: str | None = None) -> EngineUnavailable:
         return EngineUnavailable(
@@ -396,15 +443,12 @@ class Runtime:
         """On the loop: end every request in flight, refuse new ones, tell the edge."""
         with self._lock:
             self._failure = cause
-            inflight = list(self._inflight.values())
+        ended = self._end_inflight(self._failure_error())
         self.logger.log_error(
-            f"[tritonforge] engine failed: {cause}; ending {len(inflight)} request(s) in flight"
+            f"[tritonforge] engine failed: {cause}; ended {ended} request(s) in flight"
         )
-        error = self._failure_error()
-        for entry in inflight:
-            entry.failure = error
-            if entry.task is not None:
-                entry.task.cancel()
+        if self._server_stopping_at is not None:
+            return  # the server is going away: nothing to restart
         if self.on_engine_failure is not None:
             callback = self.on_engine_failure
             self._post(lambda: callback(cause))

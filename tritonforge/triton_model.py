@@ -25,9 +25,11 @@ from tritonforge.dialects import COMMON, Dialect
 from tritonforge.engine_config import load_engine_config
 from tritonforge.engines.base import Engine
 from tritonforge.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.reaper import start_reaper
 from tritonforge.restarts import RestartLedger, RestartPolicy
 from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
+from tritonforge.server_watch import watch_server
 from tritonforge.tensors import LLM_INPUTS, LLM_OUTPUTS
 from tritonforge.triton_metrics import TritonMetrics
 
@@ -174,6 +176,8 @@ class LLMModel:
         self._restart_cause: str | None = None
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
         self.metrics.count_restarts(self.restarts.total())  # carried over from old stubs
+        # Whatever ends this stub, its engine's processes end with it (reaper.py).
+        self._reaper = start_reaper()
         self.runtime = Runtime(
             engine,
             self.metrics,
@@ -181,6 +185,7 @@ class LLMModel:
             max_inflight=int(parameters.get("max_inflight", "256")),
             cancellation_poll_s=engine.cancellation_poll_s,
             on_engine_failure=self._engine_failed,
+            shutdown_watch=watch_server(),
         )
         self.runtime.start()
 

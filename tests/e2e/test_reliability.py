@@ -83,20 +83,13 @@ def test_malformed_requests_are_refused_by_name_and_change_nothing(triton_server
     assert scenario.figures["over_http"] and scenario.figures["over_grpc"], _verdict(scenario)
 
 
-#: Measured here (issue 15, perf/results/reliability/): Triton 2.51 waits out its exit
-#: timeout for the busy model to unload, prints "Exit timeout expired. Exiting
-#: immediately.", aborts in malloc() on the way out and then hangs; no request in flight
-#: gets an answer, and the stub's vLLM engine processes outlive it. Not model code: the
-#: xfail stays until the shutdown path is fixed (non-strict: a fast GPU host may drain
-#: the requests inside the exit timeout and pass).
-SIGTERM_HANG = (
-    "Triton 2.51 under load: exit timeout, abort in malloc(), hang; requests unanswered, "
-    "engine processes orphaned (README, Reliability)"
-)
+#: Triton 2.51 alone, measured here (perf/results/reliability/20261201T124140Z): it waits
+#: out its exit timeout for the busy model, aborts in malloc() on the way out and hangs,
+#: no request answered, engine processes orphaned. The model now notices the shutdown
+#: (server_watch.py, workaround W15) and ends what cannot finish in time.
 
 
 @pytest.mark.last
-@pytest.mark.xfail(reason=SIGTERM_HANG, strict=False)
 def test_sigterm_under_load_ends_every_request_and_leaves_no_process(tmp_path) -> None:
     """A server of its own (the shared one must survive), with a 5 s exit timeout.
 
