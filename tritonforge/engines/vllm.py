@@ -5,6 +5,12 @@ keys, exactly as upstream vllm_backend reads them). Outputs are requested as del
 (``RequestOutputKind.DELTA``) so every engine step becomes one streamed response, and
 vLLM's own detokenizer keeps multi-byte characters whole across steps. Scheduler
 state (running/waiting requests, KV-cache usage) arrives through a stat logger.
+
+LoRA follows upstream vllm_backend: ``enable_lora`` / ``max_loras`` / ``max_lora_rank``
+in ``model.json`` go to the engine as they are, the adapters come from
+``multi_lora.json``, and a request naming one runs with that adapter's
+``LoRARequest`` (built once per adapter, so its id never changes). vLLM batches
+requests of different adapters and of the base model together.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -29,6 +36,7 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
+from tritonforge.lora import LORA_FILE, LoraAdapter
 from tritonforge.sampling import SamplingParams
 
 
@@ -97,12 +105,29 @@ class VllmEngine(HFTokenizedEngine):
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self._args = engine_args
         self._engine: AsyncLLM | None = None
+        self._lora_requests: dict[str, LoRARequest] = {}
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
         # Never log prompts: vLLM's request logging stays off whatever the file says.
         settings["enable_log_requests"] = False
         return cls(AsyncEngineArgs(**settings))
+
+    def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
+        """Check the adapters against the engine's LoRA settings now, not at a request."""
+        if not self._args.enable_lora:
+            raise ValueError(
+                f'{LORA_FILE} lists adapters but model.json does not set "enable_lora": true'
+            )
+        limit = self._args.max_lora_rank
+        for adapter in adapters:
+            if limit is not None and adapter.rank > limit:
+                raise ValueError(
+                    f"{LORA_FILE}: adapter {adapter.name!r} has rank {adapter.rank}, above "
+                    f"max_lora_rank {limit} in model.json"
+                )
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+        self._lora_requests = {a.name: LoRARequest(a.name, a.int_id, str(a.path)) for a in adapters}
 
     async def start(self) -> None:
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
@@ -121,8 +146,9 @@ class VllmEngine(HFTokenizedEngine):
         engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
         if prompt.text is not None:
             engine_prompt["prompt"] = prompt.text
+        lora = None if sampling.lora_name is None else self._lora_requests[sampling.lora_name]
         async for result in self._engine.generate(
-            engine_prompt, to_vllm_sampling(sampling), request_id
+            engine_prompt, to_vllm_sampling(sampling), request_id, lora_request=lora
         ):
             completion = result.outputs[0]
             yield EngineOutput(
