@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -63,7 +63,7 @@ def test_adapters_in_file_order_with_stable_ids_and_resolved_paths(
 )
 def test_a_broken_file_fails_the_load_naming_it(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "multi_lora.json").write_text(content)
-    with pytest.raises((ValueError, FileNotFoundError), match="multi_lora.json") as info:
+    with pytest.raises((ValueError, FileNotFoundError), match=r"multi_lora\.json") as info:
         load_adapters(tmp_path)
     assert message in str(info.value)
 
@@ -71,7 +71,7 @@ def test_a_broken_file_fails_the_load_naming_it(tmp_path: Path, content: str, me
 def test_an_engine_without_lora_support_refuses_the_file(tmp_path: Path) -> None:
     adapter_dir(tmp_path, "alpha")
     (tmp_path / "multi_lora.json").write_text(json.dumps({"alpha": "alpha"}))
-    with pytest.raises(ValueError, match="multi_lora.json: the llm engine does not serve LoRA"):
+    with pytest.raises(ValueError, match=r"multi_lora\.json: the llm engine does not serve LoRA"):
         ScriptedEngine.from_config({}, tmp_path)
 
 
@@ -152,12 +152,12 @@ class _Family:
     """pb_utils.MetricFamily's shape: Metric(labels) objects that count."""
 
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    series: ClassVar[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         self.name = name
 
-    def Metric(self, labels: dict[str, str], **_: Any) -> Any:  # noqa: N802 (Triton's name)
+    def Metric(self, labels: dict[str, str], **_: Any) -> Any:
         key = (self.name, tuple(sorted(labels.items())))
         series = self.series
 
