@@ -270,7 +270,7 @@ def test_bad_multi_lora_json(repo, repo_env, adapter, content, message) -> None:
 def test_multi_lora_json_on_another_engine(repo, repo_env, adapter) -> None:
     write_json(repo / "gguf" / "1" / "multi_lora.json", {"pirate": str(adapter)})
     assert errors(repo, repo_env, "gguf") == [
-        "1/multi_lora.json: LoRA adapters are configured for vLLM models only"
+        "1/multi_lora.json: llama.cpp models do not serve LoRA adapters"
     ]
 
 
