@@ -23,6 +23,9 @@ from pathlib import Path
 from tritonforge.engine_config import resolve_path
 
 LORA_FILE = "multi_lora.json"
+#: llama.cpp reads an adapter as GGUF: this file inside the adapter's directory
+#: (``python -m tritonforge.lora_store`` writes it beside the safetensors).
+GGUF_ADAPTER_FILE = "adapter.gguf"
 #: Adapter names appear in metric labels and error messages: keep them plain.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 

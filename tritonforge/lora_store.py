@@ -11,6 +11,13 @@ peft's default initialisation sets ``lora_B`` to zero (an adapter that changes
 nothing), so both matrices are drawn here, B scaled by :data:`B_SCALE` so the
 greedy answer really moves.
 
+llama.cpp reads adapters as GGUF: each directory also gets ``adapter.gguf``, written
+here with the ``gguf`` package (:func:`write_gguf`) in the layout llama.cpp's own
+``convert_lora_to_gguf.py`` produces for a llama model: ``general.type = adapter``,
+``adapter.lora.alpha``, and per layer ``blk.<i>.attn_q.weight.lora_a`` / ``lora_b``, with
+``q_proj``'s B rows permuted the way llama.cpp's converter permutes the base model's
+``q_proj`` (the rotary layout), or the adapter would rotate the wrong dimensions.
+
 Each adapter is built in a temporary sibling directory and renamed into place with a
 marker naming its recipe, so an interrupted run is never taken for a finished one and
 a changed recipe rebuilds it.
@@ -20,15 +27,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
+from tritonforge.lora import GGUF_ADAPTER_FILE
 from tritonforge.model_store import ensure_default_model, models_dir
 
 MARKER = "tritonforge-adapter.json"
+#: PEFT module name -> llama.cpp tensor name (llama architecture).
+GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+_PEFT_KEY = re.compile(r"layers\.(\d+)\.self_attn\.(\w+)\.lora_([AB])\.weight$")
 TARGET_MODULES = ("q_proj", "v_proj")
 RANK = 8
 ALPHA = 16
@@ -58,8 +72,10 @@ def adapters_dir() -> Path:
 
 
 def _marker(recipe: AdapterRecipe, base: Path) -> dict[str, object]:
-    return {"recipe": asdict(recipe) | {"target_modules": list(recipe.target_modules)}} | {
-        "base_model": base.name
+    return {
+        "recipe": asdict(recipe) | {"target_modules": list(recipe.target_modules)},
+        "base_model": base.name,
+        "files": ["adapter_model.safetensors", GGUF_ADAPTER_FILE],
     }
 
 
@@ -71,6 +87,43 @@ def is_complete(target: Path, recipe: AdapterRecipe, base: Path) -> bool:
         return json.loads(marker.read_text()) == _marker(recipe, base)
     except (OSError, json.JSONDecodeError):
         return False
+
+
+def _rotary_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` of ``q_proj`` rows (HF rotary halves -> pairs)."""
+    return (
+        rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(rows.shape)
+    )
+
+
+def write_gguf(adapter: Path, base: Path, target: Path) -> None:
+    """Write the PEFT adapter at ``adapter`` (for the HF llama model ``base``) as a GGUF LoRA."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    hf_config = json.loads((base / "config.json").read_text())
+    n_head, n_kv = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(target), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(config["lora_alpha"]))
+    for key, weights in sorted(load_file(adapter / "adapter_model.safetensors").items()):
+        match = _PEFT_KEY.search(key)
+        if match is None or match.group(2) not in GGUF_NAMES:
+            raise ValueError(f"{adapter}: no llama.cpp tensor for {key}")
+        layer, module, half = int(match.group(1)), match.group(2), match.group(3)
+        tensor = weights.astype(np.float32)
+        if half == "B" and module in ("q_proj", "k_proj"):
+            tensor = _rotary_permute(tensor, n_head if module == "q_proj" else n_kv)
+        name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{half.lower()}"
+        writer.add_tensor(name, np.ascontiguousarray(tensor))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def build(recipe: AdapterRecipe, base: Path, target: Path) -> None:
@@ -107,6 +160,7 @@ def build(recipe: AdapterRecipe, base: Path, target: Path) -> None:
         adapter_config = json.loads(config_file.read_text())
         adapter_config["base_model_name_or_path"] = base.name
         config_file.write_text(json.dumps(adapter_config, indent=2))
+        write_gguf(staging, base, staging / GGUF_ADAPTER_FILE)
         (staging / MARKER).write_text(json.dumps(_marker(recipe, base)))
         staging.chmod(0o755)
         if target.exists():

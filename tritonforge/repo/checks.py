@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tritonforge.engine_config import load_engine_config
-from tritonforge.lora import LORA_FILE
+from tritonforge.lora import GGUF_ADAPTER_FILE, LORA_FILE
 from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
@@ -32,8 +32,8 @@ from tritonforge.restarts import RestartPolicy
 #: Names that work as a directory, in Triton's URLs (/v2/models/<name>) and in metrics.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 GGUF_MAGIC = b"GGUF"
-#: Engines whose adapters serve LoRA (tritonforge.lora; llama.cpp: see the README).
-LORA_ENGINES = ("vllm", "tensorrt_llm")
+#: Engines whose adapters serve LoRA (tritonforge.lora).
+LORA_ENGINES = ("vllm", "llamacpp", "tensorrt_llm")
 
 KnownArgsProvider = Callable[[str], KnownArgs | str]
 
@@ -353,6 +353,11 @@ def _check_lora(
             report.error(
                 f"{where}: adapter {name!r}: {value} is not a PEFT adapter directory "
                 "(no adapter_config.json)"
+            )
+        elif spec.key == "llamacpp" and not (adapter / GGUF_ADAPTER_FILE).is_file():
+            report.error(
+                f"{where}: adapter {name!r}: llama.cpp needs {value}/{GGUF_ADAPTER_FILE} "
+                "(a GGUF LoRA)"
             )
 
 
