@@ -28,8 +28,8 @@ from tritonforge.launcher import MODEL_REPOSITORY, TritonServer, available_model
 #: Models the session server leaves out: their tests start a server of their own.
 #: vllm_lora_model is a second vLLM engine (LoRA kernels on every request, ~2 GiB);
 #: loaded beside vllm_model it would slow every other test on two cores, so
-#: tests/e2e/test_lora.py serves it alone, one extra server start.
-OWN_SERVER_MODELS = ("vllm_lora_model",)
+#: tests/e2e/test_lora.py serves the LoRA models on one server of their own.
+OWN_SERVER_MODELS = ("vllm_lora_model", "llamacpp_lora_model")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
