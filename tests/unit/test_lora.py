@@ -3,6 +3,7 @@ and the per-adapter metric series."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -191,3 +192,66 @@ def test_adapter_requests_get_series_of_their_own() -> None:
     # The model's own series count every request, adapters or not, with unchanged labels.
     assert value("request_outcome_total", outcome="finished") == 3
     assert value("generation_tokens_total") == 20
+
+
+# --- the vLLM adapter's load-time checks and its zero adapter (no engine started) ------
+
+
+def peft_adapter(root: Path, name: str, rank: int) -> Path:
+    """A PEFT-shaped adapter directory with small real safetensors weights."""
+    from safetensors.numpy import save_file
+
+    path = adapter_dir(root, name, rank)
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file(
+        {
+            f"{prefix}.lora_A.weight": np.full((rank, 4), 0.5, dtype=np.float32),
+            f"{prefix}.lora_B.weight": np.full((4, rank), 0.25, dtype=np.float32),
+        },
+        path / "adapter_model.safetensors",
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({}, 'multi_lora.json lists adapters but model.json does not set "enable_lora": true'),
+        (
+            {"enable_lora": True, "max_lora_rank": 8},
+            "adapter 'wide' has rank 16, above max_lora_rank 8 in model.json",
+        ),
+    ],
+)
+def test_vllm_refuses_adapters_its_settings_cannot_serve(
+    tmp_path: Path, settings: dict, message: str
+) -> None:
+    from tritonforge.engines.vllm import VllmEngine
+
+    peft_adapter(tmp_path, "wide", rank=16)
+    (tmp_path / "multi_lora.json").write_text('{"wide": "wide"}')
+    with pytest.raises(ValueError) as info:
+        VllmEngine.from_config({"model": "/m", **settings}, tmp_path)
+    assert message in str(info.value)
+
+
+def test_vllm_on_cpu_runs_base_requests_with_a_zero_adapter(tmp_path: Path) -> None:
+    """Workaround L1: the base model's requests get an adapter whose B is zero."""
+    from safetensors.numpy import load_file
+
+    from tritonforge.engines.vllm import VllmEngine
+
+    peft_adapter(tmp_path, "alpha", rank=4)
+    (tmp_path / "multi_lora.json").write_text('{"alpha": "alpha"}')
+    settings = {"model": "/m", "enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
+    engine = VllmEngine.from_config(settings, tmp_path)
+    base = engine._base_lora
+    assert base is not None and base.lora_int_id == 2  # after the listed adapters
+    assert engine._args.max_loras == 2  # one slot more: the real adapters keep theirs
+    original = load_file(tmp_path / "alpha" / "adapter_model.safetensors")
+    zero = load_file(Path(base.lora_path) / "adapter_model.safetensors")
+    for key, weights in original.items():
+        expected = weights * 0 if "lora_B" in key else weights
+        np.testing.assert_array_equal(zero[key], expected)
+    asyncio.run(engine.shutdown())  # never started: only the scratch directory goes
+    assert not Path(base.lora_path).exists()
