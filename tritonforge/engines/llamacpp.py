@@ -246,8 +246,8 @@ class LlamaCppEngine(Engine):
             job.cancel.set()
         self._queue.put(None)
         await stop_on_thread(self._worker, threading.Thread.join)
-        for pointer in self._loras.values():
-            llama_cpp.llama_adapter_lora_free(pointer)
+        # Adapters belong to the model: llama.cpp frees them with it (freeing them here
+        # as well would free them twice).
         self._loras.clear()
         if self._llama is not None:
             llama, self._llama = self._llama, None
