@@ -407,11 +407,8 @@ class LlamaCppEngine(Engine):
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
         llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
-        # The request's adapter, or none: the previous request's must not carry over.
-        context = llama._ctx.ctx
-        llama_cpp.llama_clear_adapter_lora(context)
-        if job.lora is not None and llama_cpp.llama_set_adapter_lora(context, job.lora, 1.0) != 0:
-            raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
+        if self._loras:
+            self._use_adapter(job.lora)
         return _Decoding(
             params=params,
             pieces=self._vocab.pieces(params.skip_special_tokens),
@@ -420,6 +417,13 @@ class LlamaCppEngine(Engine):
             limit=params.max_tokens,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
+
+    def _use_adapter(self, lora: Any) -> None:
+        """Put the request's adapter (None: none) on the context; the last one must go."""
+        context = self._llama._ctx.ctx
+        llama_cpp.llama_clear_adapter_lora(context)
+        if lora is not None and llama_cpp.llama_set_adapter_lora(context, lora, 1.0) != 0:
+            raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
 
     def _sample(self, job: _Job, decoding: _Decoding) -> Generator[int, Any, None]:
         """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""
