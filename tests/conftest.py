@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import MODEL_REPOSITORY, TritonServer
+from tritonforge.launcher import MODEL_REPOSITORY, TritonServer, available_models
+
+#: Models the session server leaves out: their tests start a server of their own.
+#: vllm_lora_model is a second vLLM engine (LoRA kernels on every request, ~2 GiB);
+#: loaded beside vllm_model it would slow every other test on two cores, so
+#: tests/e2e/test_lora.py serves the LoRA models on one server of their own.
+OWN_SERVER_MODELS = ("vllm_lora_model", "llamacpp_lora_model")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,10 +62,16 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     )
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
     # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
+    repository = _repository(tmp_path_factory)
+    models = (
+        only.split(",")
+        if only
+        else [m for m in available_models(repository) if m not in OWN_SERVER_MODELS]
+    )
     server = TritonServer.on_free_ports(
-        repository=_repository(tmp_path_factory),
+        repository=repository,
         log_path=log,
-        models=only.split(",") if only else None,
+        models=models,
         extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),
     )
     server.start()

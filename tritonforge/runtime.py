@@ -64,6 +64,7 @@ class RequestRecord:
     ttft_s: float | None
     tpot_s: float | None
     outcome: str  # finished | cancelled | failed
+    lora: str | None = None  # the LoRA adapter it ran with (None: the base model)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class _Timing:
     """What one request's metrics record is made of, gathered while it runs."""
 
     prompt_tokens: int
+    lora: str | None = None
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     generated: int = 0
@@ -94,6 +96,7 @@ class _Timing:
             ttft_s=ttft,
             tpot_s=tpot,
             outcome=outcome,
+            lora=self.lora,
         )
 
 
@@ -274,7 +277,7 @@ class Runtime:
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
         """One request from first delta to its single FINAL response and metrics record."""
-        timing = _Timing(prompt_tokens=len(prepared.token_ids))
+        timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
         outcome = "failed"
         try:
             deltas = self._deltas(request_id, request, prepared, entry, timing)

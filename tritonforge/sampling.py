@@ -69,6 +69,10 @@ class SamplingParams:
     #: the sampling keys, so one vocabulary validates it. The runtime enforces it;
     #: engine adapters ignore it.
     timeout_s: float | None = None
+    #: The LoRA adapter to answer with (None: the base model). A request setting like
+    #: ``timeout_s``, kept here so the ``lora_name`` key and tensor are validated by one
+    #: vocabulary; :meth:`Engine.prepare` checks it names an adapter the model serves.
+    lora_name: str | None = None
 
     def seed_or_random(self) -> int:
         """The client's seed, else a fresh one for this request.
@@ -133,6 +137,14 @@ def _as_stop(name: str, value: Any) -> tuple[str, ...]:
     if len(items) > MAX_STOP_STRINGS:
         raise RequestError(name, f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
     return tuple(items)
+
+
+def _as_adapter_name(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise RequestError(name, f"expected an adapter name (a string), got {value!r}")
+    if not value.strip():
+        raise RequestError(name, "must name an adapter; omit it to use the base model")
+    return value
 
 
 def _as_token_ids(name: str, value: Any) -> tuple[int, ...]:
@@ -214,6 +226,7 @@ _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
     "structured_outputs": (_as_structured, None, ""),
     "n": (_as_int, lambda v: v == 1, "only n = 1 is supported (one sequence per request)"),
     "timeout_s": (_as_float, lambda v: v > 0, "must be a positive number of seconds"),
+    "lora_name": (_as_adapter_name, None, ""),
 }
 # Older vllm_backend clients spell structured output ``guided_decoding``.
 _ALIASES = {"guided_decoding": "structured_outputs"}

@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from tritonforge.errors import RequestError
-from tritonforge.sampling import SamplingParams, build_sampling, decode_json_object, parse_sampling
+from tritonforge.sampling import (
+    SamplingParams,
+    build_sampling,
+    decode_json_object,
+    parse_sampling,
+    parse_sampling_value,
+)
 
 PROMPT_INPUTS = ("text_input", "messages", "input_ids")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -211,6 +217,7 @@ def _sampling(
     """Merge the three sampling channels, lowest rank first (see :func:`parse_request`).
 
     ``return_logprobs`` without a ``logprobs`` count asks for the sampled token's only.
+    The ``lora_name`` tensor ranks just below the ``sampling_parameters`` tensor.
     """
     params = {k: v for k, v in (parameters or {}).items() if k not in TRANSPORT_PARAMETERS}
     from_params = parse_sampling(params, "parameters")
@@ -220,8 +227,34 @@ def _sampling(
         from_tensor = parse_sampling(
             decode_json_object(raw, "sampling_parameters"), "sampling_parameters"
         )
-    layers = (from_params, dict(dialect_sampling or {}), from_tensor)
+    layers = (
+        from_params,
+        dict(dialect_sampling or {}),
+        _lora_tensor(inputs, from_tensor),
+        from_tensor,
+    )
     sampling = build_sampling(*layers)
     if logprobs and sampling.logprobs is None:
         sampling = build_sampling(*layers, {"logprobs": 0})
     return sampling
+
+
+def _lora_tensor(
+    inputs: Mapping[str, np.ndarray], from_tensor: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The adapter the ``lora_name`` input names (upstream vllm_backend's tensor), if sent.
+
+    A client that names two different adapters (the tensor and the ``sampling_parameters``
+    key) made a mistake either way: refuse rather than pick one silently.
+    """
+    if "lora_name" not in inputs:
+        return {}
+    name = parse_sampling_value("lora_name", _text("lora_name", inputs["lora_name"]), "lora_name")
+    other = from_tensor.get("lora_name")
+    if other is not None and other != name:
+        raise RequestError(
+            "lora_name",
+            f"names adapter {name!r} but sampling_parameters.lora_name names {other!r}; "
+            "send one of them",
+        )
+    return {"lora_name": name}

@@ -27,6 +27,8 @@ LLM_INPUTS: tuple[dict[str, Any], ...] = (
     {"name": "messages", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     {"name": "input_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    # The LoRA adapter to answer with (upstream vllm_backend's name; see tritonforge.lora).
+    {"name": "lora_name", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     *({"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in BOOL_INPUTS),
 )
 LLM_OUTPUTS: tuple[dict[str, Any], ...] = (

@@ -5,6 +5,12 @@ the prefix is the engine's, and every series carries ``model`` and ``version`` l
 Latencies are measured by the core for every engine alike: TTFT from arrival at the
 backend to the first token, TPOT as the request's mean time per output token after the
 first, e2e to the last response.
+
+Requests that name a LoRA adapter are counted twice: in the model's series, as every
+request is, and in per-adapter series (``lora_request_outcome_total``,
+``lora_prompt_tokens_total``, ``lora_generation_tokens_total``) labelled
+``lora="<name>"``. The model's own series keep their labels, so dashboards and alerts
+written for them see no change; the adapter series tell adapters apart.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ class TritonMetrics:
 
     def __init__(self, pb_utils: Any, prefix: str, labels: dict[str, str]) -> None:
         family = pb_utils.MetricFamily
+        self._counter_kind = family.COUNTER
         # Triton invalidates a Metric whose MetricFamily is garbage-collected: keep them.
         self._families: dict[str, Any] = {}
+
+        self._labels = labels
+        self._per_adapter: dict[str, dict[str, Any]] = {}
 
         def metric(name: str, kind: Any, description: str, **kwargs: Any) -> Any:
             full = f"{prefix}:{name}"
@@ -40,6 +50,7 @@ class TritonMetrics:
         self.generation_tokens = metric(
             "generation_tokens_total", family.COUNTER, "Generation tokens produced"
         )
+        self._metric = metric
         self.requests = {
             outcome: metric(
                 "request_outcome_total",
@@ -96,6 +107,45 @@ class TritonMetrics:
             self.tpot.observe(record.tpot_s)
         if record.outcome == "finished":
             self.e2e.observe(record.e2e_s)
+        if record.lora is not None:
+            self._record_adapter(record.lora, record)
+
+    def _adapter_series(self, lora: str) -> dict[str, Any]:
+        """One adapter's counters, made on its first request.
+
+        Names are bounded: the engine admits only adapters from ``multi_lora.json``.
+        """
+        if lora not in self._per_adapter:
+            labels = {**self._labels, "lora": lora}
+            counter = self._counter_kind
+            series = {
+                f"outcome:{outcome}": self._metric(
+                    "lora_request_outcome_total",
+                    counter,
+                    "Finished requests by LoRA adapter and outcome",
+                    labels={**labels, "outcome": outcome},
+                )
+                for outcome in ("finished", "cancelled", "failed")
+            }
+            series["prompt"] = self._metric(
+                "lora_prompt_tokens_total", counter, "Prompt tokens by LoRA adapter", labels=labels
+            )
+            series["generation"] = self._metric(
+                "lora_generation_tokens_total",
+                counter,
+                "Generation tokens by LoRA adapter",
+                labels=labels,
+            )
+            self._per_adapter[lora] = series
+        return self._per_adapter[lora]
+
+    def _record_adapter(self, lora: str, record: RequestRecord) -> None:
+        series = self._adapter_series(lora)
+        series[f"outcome:{record.outcome}"].increment(1)
+        if record.prompt_tokens:
+            series["prompt"].increment(record.prompt_tokens)
+        if record.generation_tokens:
+            series["generation"].increment(record.generation_tokens)
 
     def close(self) -> None:
         """Release every Metric, then its family, while the stub can still reach Triton.

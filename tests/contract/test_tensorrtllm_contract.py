@@ -33,7 +33,9 @@ pytestmark = pytest.mark.contract
 class StandInEngine(TensorRTLLMEngine):
     """The adapter bound to the stand-in instead of TensorRT-LLM's LLM API."""
 
-    llm_api = LlmApi(trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams)
+    llm_api = LlmApi(
+        trt.LLM, trt.SamplingParams, trt.GuidedDecodingParams, trt.LoRARequest, trt.LoraConfig
+    )
 
 
 MODEL_YAML = {
@@ -307,3 +309,57 @@ def test_runtime_streams_and_cancels_through_the_adapter(monkeypatch) -> None:
         runtime.stop()
     assert engine._llm is None
     assert logger.errors == []
+
+
+# --- LoRA ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lora_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TensorRTLLMEngine:
+    """The adapter on a model.yaml with two PEFT adapters listed in multi_lora.json."""
+    monkeypatch.setenv("TRITONFORGE_TEST_MODEL", "/models")
+    for name, rank in (("pirate", 8), ("poet", 4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps({"r": rank}))
+    listed = {"pirate": str(tmp_path / "pirate"), "poet": "poet"}  # relative: version dir
+    (tmp_path / "multi_lora.json").write_text(json.dumps(listed))
+    settings = {**MODEL_YAML, "lora_config": {"max_cpu_loras": 4}}
+    engine = StandInEngine.from_config(settings, tmp_path)
+    asyncio.run(engine.start())
+    return engine
+
+
+def test_multi_lora_json_becomes_the_llms_lora_config(lora_engine, tmp_path: Path) -> None:
+    config = lora_engine._llm.kwargs["lora_config"]
+    assert config == trt.LoraConfig(
+        lora_dir=[str(tmp_path / "pirate"), str(tmp_path / "poet")],
+        max_lora_rank=8,  # the largest adapter's rank
+        max_loras=2,
+        max_cpu_loras=4,  # model.yaml's own lora_config keys win
+    )
+
+
+def test_each_request_carries_its_adapters_lora_request(lora_engine, tmp_path: Path) -> None:
+    for lora in ("poet", None, "pirate", "poet"):
+        run(lora_engine, **({"lora_name": lora} if lora else {}))
+    assert lora_engine._llm.lora_requests == [
+        trt.LoRARequest("poet", 2, str(tmp_path / "poet")),
+        None,
+        trt.LoRARequest("pirate", 1, str(tmp_path / "pirate")),
+        trt.LoRARequest("poet", 2, str(tmp_path / "poet")),  # the same id every time
+    ]
+
+
+def test_unknown_adapter_is_refused_before_the_llm_sees_it(lora_engine) -> None:
+    with pytest.raises(RequestError, match="unknown LoRA adapter 'sage'; available: pirate, poet"):
+        lora_engine.prepare(request(lora_name="sage"))
+    assert lora_engine._llm.requests == []
+
+
+def test_lora_dir_in_model_yaml_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "adapter_config.json").write_text('{"r": 8}')
+    (tmp_path / "multi_lora.json").write_text('{"a": "a"}')
+    settings = {**MODEL_YAML, "model": "/models/llm", "lora_config": {"lora_dir": ["/x"]}}
+    with pytest.raises(ValueError, match=r"lora_config\.lora_dir is set from multi_lora\.json"):
+        StandInEngine.from_config(settings, tmp_path)

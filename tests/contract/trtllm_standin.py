@@ -16,6 +16,9 @@ contract test can check the adapter's side of the contract on a machine without 
   last step; ``finish_reason`` in ``stop | length | timeout | cancelled``;
   ``stop_reason`` the stop string or token id; ``abort()`` ends the request, which
   then finishes with ``cancelled``.
+* LoRA (PyTorch backend): ``LLM(lora_config=LoraConfig(lora_dir=[…], max_lora_rank,
+  max_loras, max_cpu_loras))`` and ``generate_async(..., lora_request=LoRARequest(name,
+  int_id, path))``; a request whose adapter the LLM was not configured with fails.
 * ``SamplingParams`` and ``GuidedDecodingParams`` are keyword-only dataclasses with the
   documented fields and defaults, so an argument the real class lacks fails here too.
   Greedy decoding when neither ``top_k`` nor ``top_p`` is set (``_greedy_decoding``);
@@ -253,6 +256,35 @@ class RequestOutput:
             out.finish_reason, self._done = "length", True
 
 
+@dataclass(slots=True)
+class LoRARequest:
+    """``tensorrt_llm.executor.request.LoRARequest(lora_name, lora_int_id, lora_path)``."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self) -> None:
+        if self.lora_ckpt_source not in ("hf", "nemo"):
+            raise ValueError(
+                f"lora_ckpt_source must be 'hf' or 'nemo', got {self.lora_ckpt_source}"
+            )
+
+
+@dataclass(slots=True, kw_only=True)
+class LoraConfig:
+    """``tensorrt_llm.lora_manager.LoraConfig``: the documented fields and defaults."""
+
+    lora_dir: list[str] = field(default_factory=list)
+    lora_ckpt_source: str = "hf"
+    max_lora_rank: int = 64
+    lora_target_modules: list[str] = field(default_factory=list)
+    trtllm_modules_to_hf_modules: dict[str, str] = field(default_factory=dict)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+
+
 @dataclass
 class _Args:
     max_seq_len: int | None
@@ -268,6 +300,7 @@ class LLM:
         self.args = _Args(kwargs.get("max_seq_len"))
         self.tokenizer = Tokenizer()
         self.requests: list[tuple[Any, SamplingParams, bool]] = []
+        self.lora_requests: list[LoRARequest | None] = []  # per request, in order
         self.aborted: list[int] = []
         self.is_shut_down = False
         self._ids = iter(range(1, 1 << 30))
@@ -297,9 +330,16 @@ class LLM:
             ids = self.tokenizer.encode(inputs["prompt"])
         else:
             raise TypeError(f"The inputs must be type str or list of int, but got {inputs}")
+        if lora_request is not None:
+            config = self.kwargs.get("lora_config")
+            if not isinstance(config, LoraConfig):
+                raise ValueError("LoRA request given but the LLM was built without lora_config")
+            if lora_request.lora_path not in config.lora_dir:
+                raise ValueError(f"LoRA adapter {lora_request.lora_path} is not in lora_dir")
         if sampling_params.end_id is None:
             sampling_params.end_id = self.tokenizer.eos_token_id
         self.requests.append((inputs, sampling_params, streaming))
+        self.lora_requests.append(lora_request)
         return RequestOutput(self, ids, sampling_params)
 
     def shutdown(self) -> None:

@@ -267,10 +267,10 @@ def test_bad_multi_lora_json(repo, repo_env, adapter, content, message) -> None:
     assert any(message in e for e in errors(repo, repo_env, "tiny"))
 
 
-def test_multi_lora_json_on_another_engine(repo, repo_env, adapter) -> None:
+def test_llamacpp_adapters_need_their_gguf(repo, repo_env, adapter) -> None:
     write_json(repo / "gguf" / "1" / "multi_lora.json", {"pirate": str(adapter)})
     assert errors(repo, repo_env, "gguf") == [
-        "1/multi_lora.json: LoRA adapters are configured for vLLM models only"
+        f"1/multi_lora.json: adapter 'pirate': llama.cpp needs {adapter}/adapter.gguf (a GGUF LoRA)"
     ]
 
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
 
 from tritonforge.engine_config import resolve_paths
 from tritonforge.errors import RequestError
+from tritonforge.lora import LORA_FILE, LoraAdapter, load_adapters
 from tritonforge.sampling import SamplingParams
 from tritonforge.schema import GenerateRequest
 
@@ -95,12 +96,31 @@ class Engine(abc.ABC):
         Paths resolve here, the same way for every engine, so a model repository is
         portable between a clone and a container whatever the engine.
         """
-        return cls.from_settings(resolve_paths(dict(config), model_dir, cls.config_file.path_keys))
+        engine = cls.from_settings(
+            resolve_paths(dict(config), model_dir, cls.config_file.path_keys)
+        )
+        adapters = load_adapters(model_dir)
+        if adapters:
+            engine.serve_adapters(adapters)
+        return engine
 
     @classmethod
     @abc.abstractmethod
     def from_settings(cls, settings: dict[str, Any]) -> Self:
         """Build the engine from its settings (paths resolved; the dict is the caller's copy)."""
+
+    #: The LoRA adapters this model serves, by name (``multi_lora.json``).
+    adapters: Mapping[str, LoraAdapter] = {}
+
+    def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
+        """Take the model's LoRA adapters (before ``start``); raise if they cannot be served.
+
+        The default engine serves none: a ``multi_lora.json`` beside it is a mistake the
+        load must report, not a file silently ignored.
+        """
+        raise ValueError(
+            f"{LORA_FILE}: the {self.metric_prefix} engine does not serve LoRA adapters"
+        )
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -171,6 +191,7 @@ class Engine(abc.ABC):
             text = request.prompt
             prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=True)), text)
             field_name = "text_input"
+        self._check_adapter(request.sampling.lora_name)
         for i, token in enumerate(request.sampling.stop_token_ids):
             if token >= self.vocab_size:
                 raise RequestError(
@@ -198,6 +219,20 @@ class Engine(abc.ABC):
                 f"{context - prompt_tokens} tokens",
             )
         return prepared
+
+    def _check_adapter(self, name: str | None) -> None:
+        """Refuse an adapter name this model does not serve, listing the ones it does."""
+        if name is None or name in self.adapters:
+            return
+        if not self.adapters:
+            raise RequestError(
+                "lora_name",
+                f"this model serves no LoRA adapters (no {LORA_FILE}); omit lora_name",
+            )
+        raise RequestError(
+            "lora_name",
+            f"unknown LoRA adapter {name!r}; available: {', '.join(sorted(self.adapters))}",
+        )
 
 
 class HFTokenizedEngine(Engine):

@@ -17,6 +17,11 @@ streamed and non-streamed answers are the same text. Each request evaluates its 
 prompt from an empty KV cache: reusing a cached prefix would evaluate the last prompt
 token alone, whose logits differ in the last bits from a batched evaluation, and a
 seeded request would then not always reproduce.
+
+LoRA: the adapters of ``multi_lora.json`` (each directory's ``adapter.gguf``) are loaded
+once, at start, next to the model. The context runs one sequence at a time, so the
+worker sets the request's adapter (or none) on the context before each request:
+every listed adapter can be used, one per request, with no limit beyond memory.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from tritonforge.engines.base import (
 )
 from tritonforge.engines.gbnf import compile_grammar
 from tritonforge.errors import RequestError
+from tritonforge.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
 from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import TextStream
 
@@ -112,6 +118,7 @@ class _Job:
     sampling: SamplingParams
     grammar: LlamaGrammar | None
     deliver: Callable[[EngineOutput | BaseException], None]
+    lora: Any = None  # the llama.cpp adapter to run with (None: the base model)
     cancel: threading.Event = field(default_factory=threading.Event)
     state: _JobState = _JobState.QUEUED
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -181,6 +188,8 @@ class LlamaCppEngine(Engine):
         self._queued = 0
         self._running = 0
         self._counts = threading.Lock()
+        self._lora_files: dict[str, Path] = {}
+        self._loras: dict[str, Any] = {}  # name -> llama_adapter_lora pointer, after start
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LlamaCppEngine:
@@ -198,11 +207,28 @@ class LlamaCppEngine(Engine):
         settings.setdefault("last_n_tokens_size", settings.get("n_ctx", 512))
         return cls(settings)
 
+    def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
+        """Check every adapter has its GGUF file now; they load with the model."""
+        for adapter in adapters:
+            path = adapter.path / GGUF_ADAPTER_FILE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{LORA_FILE}: adapter {adapter.name!r}: llama.cpp needs {path} (a GGUF "
+                    "LoRA; tritonforge.lora_store.write_gguf converts a PEFT adapter)"
+                )
+            self._lora_files[adapter.name] = path
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
         self._llama = await asyncio.to_thread(lambda: llama_cpp.Llama(**self._kwargs))
         llama = self._llama
+        for name, path in self._lora_files.items():
+            pointer = llama_cpp.llama_adapter_lora_init(llama._model.model, str(path).encode())
+            if not pointer:
+                raise RuntimeError(f"{LORA_FILE}: llama.cpp could not load adapter {name!r}")
+            self._loras[name] = pointer
         self._vocab = _Vocabulary.read(llama)
         template = llama.metadata.get("tokenizer.chat_template")
         if template:
@@ -220,6 +246,9 @@ class LlamaCppEngine(Engine):
             job.cancel.set()
         self._queue.put(None)
         await stop_on_thread(self._worker, threading.Thread.join)
+        # Adapters belong to the model: llama.cpp frees them with it (freeing them here
+        # as well would free them twice).
+        self._loras.clear()
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
@@ -277,6 +306,7 @@ class LlamaCppEngine(Engine):
             sampling,
             self._grammar(sampling),
             lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
+            None if sampling.lora_name is None else self._loras[sampling.lora_name],
         )
         with self._counts:
             self._queued += 1
@@ -377,6 +407,8 @@ class LlamaCppEngine(Engine):
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
         llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
+        if self._loras:
+            self._use_adapter(job.lora)
         return _Decoding(
             params=params,
             pieces=self._vocab.pieces(params.skip_special_tokens),
@@ -385,6 +417,13 @@ class LlamaCppEngine(Engine):
             limit=params.max_tokens,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
+
+    def _use_adapter(self, lora: Any) -> None:
+        """Put the request's adapter (None: none) on the context; the last one must go."""
+        context = self._llama._ctx.ctx
+        llama_cpp.llama_clear_adapter_lora(context)
+        if lora is not None and llama_cpp.llama_set_adapter_lora(context, lora, 1.0) != 0:
+            raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
 
     def _sample(self, job: _Job, decoding: _Decoding) -> Generator[int, Any, None]:
         """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""

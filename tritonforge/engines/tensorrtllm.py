@@ -41,6 +41,7 @@ from tritonforge.engines.base import (
     stop_on_thread,
 )
 from tritonforge.errors import RequestError
+from tritonforge.lora import LORA_FILE, LoraAdapter
 from tritonforge.sampling import SamplingParams
 from tritonforge.text_stream import StopStringMatcher
 
@@ -49,11 +50,13 @@ from tritonforge.text_stream import StopStringMatcher
 
 @dataclass(frozen=True)
 class LlmApi:
-    """The three names of the LLM API the adapter uses."""
+    """The names of the LLM API the adapter uses (the LoRA pair only for LoRA models)."""
 
     LLM: Any
     SamplingParams: Any
     GuidedDecodingParams: Any
+    LoRARequest: Any = None  # tensorrt_llm.executor.request.LoRARequest
+    LoraConfig: Any = None  # tensorrt_llm.lora_manager.LoraConfig
 
 
 def load_llm_api() -> LlmApi:
@@ -67,7 +70,13 @@ def load_llm_api() -> LlmApi:
             f"({exc}). It runs on NVIDIA GPUs: use the NGC image "
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (see docker/Dockerfile.trtllm)."
         ) from None
-    return LlmApi(trtllm.LLM, trtllm.SamplingParams, sampling.GuidedDecodingParams)
+    lora_request = lora_config = None
+    with contextlib.suppress(ImportError):  # only a model with multi_lora.json needs them
+        lora_request = importlib.import_module("tensorrt_llm.executor.request").LoRARequest
+        lora_config = importlib.import_module("tensorrt_llm.lora_manager").LoraConfig
+    return LlmApi(
+        trtllm.LLM, trtllm.SamplingParams, sampling.GuidedDecodingParams, lora_request, lora_config
+    )
 
 
 # --- model.yaml ----------------------------------------------------------------------
@@ -181,11 +190,44 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         self._llm: Any = None
         self._fatal: str | None = None  # the LLM API's background failure, once seen
         self._requests: RequestTracker[Any] = RequestTracker(release=_abort_unfinished)
+        self._lora_requests: dict[str, Any] = {}
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> TensorRTLLMEngine:
         llm_kwargs, cancellation_poll_s = split_model_yaml(settings)
         return cls(llm_kwargs, cls.llm_api or load_llm_api(), cancellation_poll_s)
+
+    def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
+        """LoRA through the LLM API: ``lora_config`` for the LLM, a ``LoRARequest`` per adapter.
+
+        ``model.yaml`` may hold ``lora_config`` keys of its own (``max_loras``,
+        ``max_cpu_loras``, ``lora_target_modules`` …); the adapter directories come from
+        ``multi_lora.json`` and the rank limit defaults to the largest adapter's.
+        """
+        api = self._api
+        if api.LoRARequest is None or api.LoraConfig is None:
+            raise ValueError(
+                f"{LORA_FILE}: this TensorRT-LLM has no LoRA API (LoRARequest, LoraConfig)"
+            )
+        own = self._kwargs.get("lora_config") or {}
+        if not isinstance(own, Mapping):
+            raise ValueError("model.yaml: lora_config must be a mapping of LoraConfig fields")
+        if "lora_dir" in own:
+            raise ValueError(
+                f"model.yaml: lora_config.lora_dir is set from {LORA_FILE}; list adapters there"
+            )
+        settings = {
+            "max_lora_rank": max(a.rank for a in adapters),
+            "max_loras": len(adapters),
+            "max_cpu_loras": len(adapters),
+            **own,
+            "lora_dir": [str(a.path) for a in adapters],
+        }
+        self._kwargs["lora_config"] = api.LoraConfig(**settings)
+        self.adapters = {a.name: a for a in adapters}
+        self._lora_requests = {
+            a.name: api.LoRARequest(a.name, a.int_id, str(a.path)) for a in adapters
+        }
 
     async def start(self) -> None:
         # generate_async binds results to the running loop, so the LLM is built off-loop
@@ -237,6 +279,9 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         result = self._llm.generate_async(
             {"prompt_token_ids": list(prompt.token_ids)},
             sampling_params=to_trtllm_sampling(self._api, sampling),
+            lora_request=None
+            if sampling.lora_name is None
+            else self._lora_requests[sampling.lora_name],
             streaming=True,
         )
         # TensorRT-LLM streams text up to a stop string and trims it only at the end, so

@@ -5,16 +5,38 @@ keys, exactly as upstream vllm_backend reads them). Outputs are requested as del
 (``RequestOutputKind.DELTA``) so every engine step becomes one streamed response, and
 vLLM's own detokenizer keeps multi-byte characters whole across steps. Scheduler
 state (running/waiting requests, KV-cache usage) arrives through a stat logger.
+
+LoRA follows upstream vllm_backend: ``enable_lora`` / ``max_loras`` / ``max_lora_rank``
+in ``model.json`` go to the engine as they are, the adapters come from
+``multi_lora.json``, and a request naming one runs with that adapter's
+``LoRARequest`` (built once per adapter, so its id never changes). vLLM batches
+requests of different adapters and of the base model together.
+
+On CPU, vLLM 0.32 gets that mix wrong: its torch LoRA kernels (``bgmv_shrink`` /
+``bgmv_expand``) index the stacked adapter weights with each token's slot, and a
+base-model token's slot is -1, which torch reads as the *last* slot. A base request
+batched with adapter requests then answers with whichever adapter sits there (seen:
+three requests base/alpha/beta in one batch, the base one gave beta's text). So on CPU
+base requests run with a zero adapter (``lora_B`` all zero: the base model's output
+exactly) made at start, never -1; ``max_loras`` grows by one so the real adapters keep
+their slots. Workaround L1, see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+from safetensors.numpy import load_file, save_file
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -29,6 +51,7 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
+from tritonforge.lora import LORA_FILE, LoraAdapter
 from tritonforge.sampling import SamplingParams
 
 
@@ -90,6 +113,23 @@ def _position_logprobs(candidates: dict[int, Any]) -> PositionLogprobs:
     }
 
 
+def _zero_adapter(like: Path, target: Path) -> Path:
+    """A copy of the PEFT adapter at ``like`` whose ``lora_B`` weights are all zero.
+
+    Its delta ``x @ A @ B`` is exactly zero, so a request run with it answers exactly as
+    the base model; it exists only to give base requests a real adapter slot on CPU.
+    """
+    target.mkdir(parents=True)
+    config = json.loads((like / "adapter_config.json").read_text(encoding="utf-8"))
+    (target / "adapter_config.json").write_text(json.dumps(config), encoding="utf-8")
+    weights = load_file(like / "adapter_model.safetensors")
+    save_file(
+        {k: v * 0 if "lora_B" in k else v for k, v in weights.items()},
+        target / "adapter_model.safetensors",
+    )
+    return target
+
+
 class VllmEngine(HFTokenizedEngine):
     metric_prefix = "vllm"
     config_file = ConfigFile("model.json", path_keys=("model", "tokenizer"))
@@ -97,12 +137,39 @@ class VllmEngine(HFTokenizedEngine):
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self._args = engine_args
         self._engine: AsyncLLM | None = None
+        self._lora_requests: dict[str, LoRARequest] = {}
+        #: What base-model requests run with while adapters are served (None: no adapter).
+        self._base_lora: LoRARequest | None = None
+        self._scratch: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
         # Never log prompts: vLLM's request logging stays off whatever the file says.
         settings["enable_log_requests"] = False
         return cls(AsyncEngineArgs(**settings))
+
+    def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
+        """Check the adapters against the engine's LoRA settings now, not at a request."""
+        if not self._args.enable_lora:
+            raise ValueError(
+                f'{LORA_FILE} lists adapters but model.json does not set "enable_lora": true'
+            )
+        limit = self._args.max_lora_rank
+        for adapter in adapters:
+            if limit is not None and adapter.rank > limit:
+                raise ValueError(
+                    f"{LORA_FILE}: adapter {adapter.name!r} has rank {adapter.rank}, above "
+                    f"max_lora_rank {limit} in model.json"
+                )
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+        self._lora_requests = {a.name: LoRARequest(a.name, a.int_id, str(a.path)) for a in adapters}
+        if current_platform.is_cpu():  # workaround L1 (module docstring)
+            self._scratch = Path(tempfile.mkdtemp(prefix="tritonforge-base-lora-"))
+            zero = _zero_adapter(adapters[0].path, self._scratch / "base")
+            self._base_lora = LoRARequest("tritonforge-base", len(adapters) + 1, str(zero))
+            self._args.max_loras += 1
+            if self._args.max_cpu_loras is not None:
+                self._args.max_cpu_loras += 1
 
     async def start(self) -> None:
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
@@ -113,6 +180,8 @@ class VllmEngine(HFTokenizedEngine):
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
         await stop_on_thread(engine, lambda engine: engine.shutdown())
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
@@ -121,8 +190,13 @@ class VllmEngine(HFTokenizedEngine):
         engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
         if prompt.text is not None:
             engine_prompt["prompt"] = prompt.text
+        lora = (
+            self._base_lora
+            if sampling.lora_name is None
+            else self._lora_requests[sampling.lora_name]
+        )
         async for result in self._engine.generate(
-            engine_prompt, to_vllm_sampling(sampling), request_id
+            engine_prompt, to_vllm_sampling(sampling), request_id, lora_request=lora
         ):
             completion = result.outputs[0]
             yield EngineOutput(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tritonforge.engine_config import load_engine_config
+from tritonforge.lora import GGUF_ADAPTER_FILE, LORA_FILE
 from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
@@ -31,11 +32,8 @@ from tritonforge.restarts import RestartPolicy
 #: Names that work as a directory, in Triton's URLs (/v2/models/<name>) and in metrics.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 GGUF_MAGIC = b"GGUF"
-LORA_FILE = "multi_lora.json"
-LORA_NOT_SERVED = (
-    "LoRA adapters are written and checked, but tritonforge does not serve them yet "
-    "(requests cannot name an adapter)"
-)
+#: Engines whose adapters serve LoRA (tritonforge.lora).
+LORA_ENGINES = ("vllm", "llamacpp", "tensorrt_llm")
 
 KnownArgsProvider = Callable[[str], KnownArgs | str]
 
@@ -335,10 +333,10 @@ def _check_lora(
     ):
         report.error(f'{where} must map adapter names to directories: {{"name": "/path"}}')
         return
-    if spec.key != "vllm":
-        report.error(f"{where}: LoRA adapters are configured for vLLM models only")
+    if spec.key not in LORA_ENGINES:
+        report.error(f"{where}: {spec.label} models do not serve LoRA adapters")
         return
-    if settings.get("enable_lora") is not True:
+    if spec.key == "vllm" and settings.get("enable_lora") is not True:
         report.error(
             f"{where} lists adapters but {version.name}/{spec.config_file} does not set "
             '"enable_lora": true'
@@ -356,7 +354,11 @@ def _check_lora(
                 f"{where}: adapter {name!r}: {value} is not a PEFT adapter directory "
                 "(no adapter_config.json)"
             )
-    report.note(LORA_NOT_SERVED)
+        elif spec.key == "llamacpp" and not (adapter / GGUF_ADAPTER_FILE).is_file():
+            report.error(
+                f"{where}: adapter {name!r}: llama.cpp needs {value}/{GGUF_ADAPTER_FILE} "
+                "(a GGUF LoRA)"
+            )
 
 
 # --- tokenizer models and ensembles ------------------------------------------------

@@ -74,8 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=PATH",
         help="vllm only: a PEFT adapter, written to 1/multi_lora.json (upstream "
-        "vllm_backend's format) with enable_lora. Serving LoRA adapters is NOT "
-        "implemented yet: the files are written and checked, requests cannot use them",
+        "vllm_backend's format) with enable_lora; requests pick it with lora_name",
     )
     adding.add_argument(
         "--tokenizer-ensemble",

@@ -1,0 +1,247 @@
+"""LoRA end to end: real tritonserver, real vLLM and llama.cpp, two real adapters on SmolLM2.
+
+The adapters are made at setup time with ``peft`` (tritonforge.lora_store: seeded, saved
+as safetensors under ``.cache/``). Expected text is never written here: the reference
+is offline ``LLM.generate`` on this machine with the engine settings the server reads
+(``model.json``) and the same ``LoRARequest`` per adapter, one prompt at a time as the
+tests send them; for llama.cpp, llama-cpp-python itself with the same GGUF adapter. Both
+LoRA models run on a server of their own (see OWN_SERVER_MODELS in tests/conftest.py):
+one extra server start for this module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.e2e.client import bytes_input, generate, llm_inputs, metric, stream
+from tritonforge.engine_config import load_engine_config, resolve_paths
+from tritonforge.launcher import TritonServer, server_environment
+from tritonforge.lora import load_adapters
+
+MODEL = "vllm_lora_model"
+LLAMACPP = "llamacpp_lora_model"
+GREEDY = {"temperature": 0, "max_tokens": 10}
+PROMPT = "The three primary colours are"
+#: The base model (None) and both adapters of multi_lora.json.
+VARIANTS = (None, "smol-alpha", "smol-beta")
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """The two LoRA models, after their adapters exist (made once, cached under .cache/)."""
+    from tritonforge.lora_store import ensure_adapters
+
+    ensure_adapters(quiet=True)
+    log = tmp_path_factory.mktemp("lora") / "server.log"
+    with TritonServer.on_free_ports(models=[MODEL, LLAMACPP], log_path=log) as own:
+        yield own
+
+
+OFFLINE = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+args, adapters, prompt, greedy = (json.loads(a) for a in sys.argv[1:5])
+if __name__ == "__main__":
+    llm = LLM(**args)
+    requests = {None: None} | {
+        name: LoRARequest(name, int_id, path) for name, int_id, path in adapters
+    }
+    texts = {
+        str(name): llm.generate([prompt], SamplingParams(**greedy), lora_request=lora)[0]
+        .outputs[0].text
+        for name, lora in requests.items()
+    }
+    print("RESULT" + json.dumps(texts))
+"""
+
+
+@pytest.fixture(scope="module")
+def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
+    """Offline greedy text per variant: same engine settings, same LoRARequest (name, id, path)."""
+    version_dir = server.repository / MODEL / "1"
+    env = server_environment()
+    config = load_engine_config(version_dir, "model.json")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
+        args = resolve_paths(config, version_dir, keys=("model",))
+        adapters = [(a.name, a.int_id, str(a.path)) for a in load_adapters(version_dir)]
+    script = tmp_path_factory.mktemp("offline") / "offline.py"
+    script.write_text(OFFLINE)
+    done = subprocess.run(
+        [sys.executable, str(script), *map(json.dumps, (args, adapters, PROMPT, GREEDY))],
+        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    texts = json.loads(lines[0][len("RESULT") :])
+    return {variant: texts[str(variant)] for variant in VARIANTS}
+
+
+def ask(server: TritonServer, lora: str | None, model: str = MODEL) -> str:
+    """One greedy request over gRPC, naming the adapter with the ``lora_name`` tensor."""
+    inputs = llm_inputs(PROMPT, GREEDY, stream=False)
+    if lora is not None:
+        inputs.append(bytes_input("lora_name", lora))
+    result = stream(server.grpc_url, model, inputs, timeout_s=300)
+    assert result.error is None, result.error
+    return result.text
+
+
+def test_each_adapter_changes_the_greedy_answer(offline) -> None:
+    base = offline[None]
+    assert base and offline["smol-alpha"] != base and offline["smol-beta"] != base
+    assert offline["smol-alpha"] != offline["smol-beta"]
+
+
+def test_served_answer_equals_offline_vllm_with_the_same_lora_request(server, offline) -> None:
+    served = {variant: ask(server, variant) for variant in VARIANTS}
+    assert served == offline
+
+
+def test_lora_name_as_sampling_key_over_http_generate(server, offline) -> None:
+    """The other spelling: ``lora_name`` among the sampling keys (/generate parameters)."""
+    body = {
+        "text_input": PROMPT,
+        "exclude_input_in_output": True,
+        "parameters": {**GREEDY, "lora_name": "smol-beta"},
+    }
+    assert generate(server.http_url, MODEL, body)["text_output"] == offline["smol-beta"]
+
+
+def test_adapters_and_base_interleaved_concurrently_keep_their_own_answers(server, offline) -> None:
+    """Six requests in flight at once, base and both adapters interleaved: vLLM batches
+    them together, each with its own adapter (or none)."""
+    order = [*VARIANTS, *reversed(VARIANTS)]
+    with ThreadPoolExecutor(len(order)) as pool:
+        answers = list(pool.map(lambda lora: ask(server, lora), order))
+    assert answers == [offline[lora] for lora in order]
+
+
+def test_unknown_lora_name_is_invalid_arg_listing_the_adapters(server, offline) -> None:
+    inputs = [*llm_inputs(PROMPT, GREEDY, stream=False), bytes_input("lora_name", "smol-gamma")]
+    result = stream(server.grpc_url, MODEL, inputs)
+    assert result.error is not None
+    message = str(result.error)
+    assert "lora_name: unknown LoRA adapter 'smol-gamma'; available: smol-alpha, smol-beta" in (
+        message
+    )
+    # Triton 2.51's gRPC stream carries the error message without its code; /generate
+    # answers the same rule. The model stays ready and keeps answering.
+    body = {"text_input": PROMPT, "parameters": {"lora_name": "smol-gamma"}}
+    assert "available: smol-alpha, smol-beta" in generate(server.http_url, MODEL, body)["error"]
+    assert ask(server, "smol-alpha") == offline["smol-alpha"]
+
+
+def test_metrics_tell_adapters_apart(server) -> None:
+    def finished(lora: str) -> float:
+        return metric(
+            server.metrics_url,
+            "vllm:lora_request_outcome_total",
+            model=MODEL,
+            lora=lora,
+            outcome="finished",
+        )
+
+    def tokens(lora: str) -> float:
+        return metric(server.metrics_url, "vllm:lora_generation_tokens_total", lora=lora)
+
+    before = {lora: (finished(lora), tokens(lora)) for lora in ("smol-alpha", "smol-beta")}
+    all_before = metric(server.metrics_url, "vllm:request_outcome_total", model=MODEL)
+    for lora in ("smol-alpha", "smol-alpha", None):
+        ask(server, lora)
+    assert finished("smol-alpha") == before["smol-alpha"][0] + 2
+    assert tokens("smol-alpha") > before["smol-alpha"][1]
+    assert (finished("smol-beta"), tokens("smol-beta")) == before["smol-beta"]
+    # The model's own counter still counts every request, adapter or not.
+    assert metric(server.metrics_url, "vllm:request_outcome_total", model=MODEL) == all_before + 3
+
+
+# --- llama.cpp ----------------------------------------------------------------------
+
+LLAMACPP_OFFLINE = """
+import json, sys
+import llama_cpp
+settings, adapters, prompt, max_tokens = (json.loads(a) for a in sys.argv[1:5])
+llm = llama_cpp.Llama(**settings, verbose=False)
+pointers = {n: llama_cpp.llama_adapter_lora_init(llm._model.model, p.encode()) for n, p in adapters}
+ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+texts = {}
+for name in ["None", *pointers]:
+    llama_cpp.llama_clear_adapter_lora(llm._ctx.ctx)
+    if name != "None":
+        assert llama_cpp.llama_set_adapter_lora(llm._ctx.ctx, pointers[name], 1.0) == 0
+    llm.reset()
+    out = []
+    for token in llm.generate(ids, top_k=1, temp=0.0):
+        if llama_cpp.llama_token_is_eog(llm._model.vocab, token):
+            break
+        out.append(token)
+        if len(out) == max_tokens:
+            break
+    texts[name] = llm.detokenize(out).decode("utf-8", "replace")
+print("RESULT" + json.dumps(texts))
+"""
+
+
+@pytest.fixture(scope="module")
+def llamacpp_offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
+    """llama-cpp-python itself, greedy, with each adapter's GGUF set on its context."""
+    from tritonforge.lora import GGUF_ADAPTER_FILE
+
+    version_dir = server.repository / LLAMACPP / "1"
+    env = server_environment()
+    config = load_engine_config(version_dir, "model.json")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
+        patch.setenv("TRITONFORGE_GGUF", env["TRITONFORGE_GGUF"])
+        settings = resolve_paths(config, version_dir, keys=("model_path",))
+        adapters = [(a.name, str(a.path / GGUF_ADAPTER_FILE)) for a in load_adapters(version_dir)]
+    script = tmp_path_factory.mktemp("llamacpp") / "offline.py"
+    script.write_text(LLAMACPP_OFFLINE)
+    done = subprocess.run(
+        [sys.executable, str(script), *map(json.dumps, (settings, adapters, PROMPT, 10))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    texts = json.loads(lines[0][len("RESULT") :])
+    return {variant: texts[str(variant)] for variant in VARIANTS}
+
+
+def test_llamacpp_adapters_change_the_answer_as_llama_cpp_itself_does(
+    server, llamacpp_offline
+) -> None:
+    served = {variant: ask(server, variant, LLAMACPP) for variant in VARIANTS}
+    assert served == llamacpp_offline
+    assert len(set(served.values())) == 3  # base and both adapters answer differently
+
+
+def test_llamacpp_switches_adapters_between_queued_requests(server, llamacpp_offline) -> None:
+    """One context, one sequence at a time: each request runs with its own adapter, and
+    none is left on the context for the next (base after adapter answers as base)."""
+    order = [*VARIANTS, *reversed(VARIANTS)]
+    with ThreadPoolExecutor(len(order)) as pool:
+        answers = list(pool.map(lambda lora: ask(server, lora, LLAMACPP), order))
+    assert answers == [llamacpp_offline[lora] for lora in order]
+
+
+def test_llamacpp_unknown_lora_name_lists_the_adapters(server) -> None:
+    body = {"text_input": PROMPT, "lora_name": "smol-gamma", "parameters": GREEDY}
+    error = generate(server.http_url, LLAMACPP, body)["error"]
+    assert "unknown LoRA adapter 'smol-gamma'; available: smol-alpha, smol-beta" in error
