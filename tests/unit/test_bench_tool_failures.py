@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, report
+from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, load_contract
 from tritonforge.bench.environment import Environment, Machine, ModelIdentity
@@ -148,13 +149,17 @@ AIPERF_RECORD = {
         "request_start_ns": 1_000_000,
         "request_end_ns": 9_000_000,
     },
-    "metrics": {"time_to_first_token": {"value": 2.5}, "inter_chunk_latency": {"value": [1.0]}},
+    "metrics": {
+        "time_to_first_token": {"value": 2.5},
+        "inter_chunk_latency": {"value": [1.0]},
+        "output_sequence_length": {"value": 2},
+    },
 }
 
 
 def plan_for(tmp_path: Path) -> RunPlan:
     """The smoke contract at levels 1 and 4, without warm-up, writing under ``tmp_path``."""
-    contract, digest = load_contract(CONTRACT, ["load.warmup_requests=0"])
+    contract, digest = load_contract(CONTRACT, ["load.warmup_requests=0", "load.rounds=2"])
     levels = [
         LevelLoad(lv, REQUESTS, tmp_path / "trace.jsonl", tmp_path / "w.json") for lv in (1, 4)
     ]
@@ -181,15 +186,20 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
         return real_drive(self, service, target, load, artifacts)
 
     monkeypatch.setattr(Runner, "drive", drive)
+    monkeypatch.setattr(runner_module, "QUIET_WINDOW_S", 0.0)
     runner = Runner(plan, Console(file=io.StringIO()))
-    result = runner.measure(FakeService(), target, startup_s=1.0)
+    result = runner.warm_up(FakeService(), target, startup_s=1.0)
+    runner.run_rounds({target.name: FakeService()}, [target], {target.name: result})
+    result = runner.settle(result)
 
-    assert calls == [1, 4]
-    assert result.status == "partial" and [m.level for m in result.levels] == [4]
-    failure = result.failed_levels["1"]
+    assert calls == [1, 1, 4, 4]  # level by level, each in both rounds
+    assert result.status == "partial"
+    assert [(m.level, m.round) for m in result.levels] == [(4, 0), (4, 1)]
+    assert all(m.noise is not None for m in result.levels)  # every round watched
+    failure = result.failed_levels["1 round 1"]
     assert failure.exit_code == 1 and "no request records" in failure.error
     assert "connection refused" in failure.log_tail
-    saved = json.loads(result.model_dump_json())["failed_levels"]["1"]
+    saved = json.loads(result.model_dump_json())["failed_levels"]["1 round 2"]
     assert saved["exit_code"] == 1 and "connection refused" in saved["log_tail"]
 
     run = RunResult(
@@ -213,7 +223,7 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
         comparisons=[],
     )
     text = report.render(run, [])
-    assert "| 1 | failed: aiperf exited with code 1" in text
+    assert "| 1 round 1 | failed: aiperf exited with code 1" in text
     assert "connection refused" in text
 
 
