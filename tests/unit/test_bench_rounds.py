@@ -129,3 +129,26 @@ def test_a_quiet_run_shows_medians_ranges_and_arrived_tokens() -> None:
     # One row per level: 3 rounds, tokens that arrived of those forced, errors/short.
     assert "| 1 | 3 | 80.0 (80.0–80.0) | 24 of 24 |" in text
     assert "| 0 / 0 / 3 | 3/3 |" in text
+
+
+def test_every_round_and_target_gets_its_own_words_at_the_same_lengths(tmp_path) -> None:
+    from tritonforge.bench.contract import load_contract
+    from tritonforge.bench.runner import LevelLoad, RunPlan
+    from tritonforge.bench.workload import PromptBuilder, build_workload
+    from tritonforge.launcher import REPO_ROOT
+
+    contract, digest = load_contract(REPO_ROOT / "perf" / "contracts" / "smoke.yaml")
+    words = [f" w{chr(97 + i)}{chr(97 + j)}x" for i in range(26) for j in range(26)]
+    builder = PromptBuilder(words, lambda text: text.split())  # one token per word
+    base = build_workload(contract, builder, 6, stream=1)
+    load = LevelLoad(4, base, tmp_path / "t.jsonl", tmp_path / "w.json", stream=1)
+    plan = RunPlan(contract, tmp_path, digest, [], tmp_path, tmp_path, tmp_path, [load], None)
+    plan.builder = builder
+    loads = [plan.round_load(load, r, t) for r in range(2) for t in ("a", "b")]
+    shapes = {
+        tuple((q.request_class, q.input_tokens, q.output_tokens) for q in x.requests) for x in loads
+    }
+    assert shapes == {tuple((q.request_class, q.input_tokens, q.output_tokens) for q in base)}
+    prompts = [q.prompt for x in loads for q in x.requests]
+    assert len(set(prompts)) == len(prompts)  # no prompt is ever sent twice
+    assert all(x.trace.is_file() and x.workload.is_file() for x in loads)

@@ -279,7 +279,7 @@ class Target(Strict):
     @model_validator(mode="after")
     def _fields_for_kind(self) -> Target:
         if self.kind in (TargetKind.TRITON, TargetKind.OPENAI) and not self.model:
-            raise ValueError(f"a {self.kind.value} target needs model (the Triton model name)")
+            raise ValueError(f"the {self.kind.value} target needs model (the Triton model name)")
         if self.tool == "perf_analyzer" and self.kind is not TargetKind.TRITON:
             raise ValueError("perf_analyzer speaks Triton's protocol: use it on triton targets")
         if self.chat and self.kind is TargetKind.VLLM_OFFLINE:

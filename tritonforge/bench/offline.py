@@ -120,8 +120,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if warmup:
         closed_loop(engine, warmup, max(1, min(len(warmup), 4)), sampling)
     levels = []
-    rounds = [(r, level) for r in range(int(job.get("rounds", 1))) for level in job["levels"]]
-    for round_, level in rounds:
+    for level in job["levels"]:
+        round_ = int(level.get("round", 0))
         requests = read_workload(Path(level["workload"]))
         deadline_s = float(job["max_duration_s"])
         began = time.monotonic()

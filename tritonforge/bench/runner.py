@@ -66,6 +66,7 @@ class LevelLoad:
     requests: list[BenchRequest]
     trace: Path
     workload: Path
+    stream: int = 0  # the level's seeded stream: its classes and lengths
 
 
 @dataclass
@@ -79,6 +80,27 @@ class RunPlan:
     scratch: Path
     levels: list[LevelLoad]
     warmup: LevelLoad | None
+    builder: PromptBuilder | None = None
+
+    def round_load(self, load: LevelLoad, round_: int, target: str) -> LevelLoad:
+        """The level's requests with words of their own for this round and target.
+
+        Same classes and lengths as every other target's; other text, so a shared engine's
+        prefix cache never serves one target (or round) another's prompts.
+        """
+        if self.builder is None:
+            return load
+        tag = f"level-{load.level:g}-round-{round_ + 1}-{target}"
+        requests = build_workload(
+            self.contract, self.builder, len(load.requests), stream=load.stream, text=tag
+        )
+        return LevelLoad(
+            load.level,
+            requests,
+            write_trace(requests, self.scratch / "workload" / f"{tag}.jsonl"),
+            write_workload(requests, self.scratch / "workload" / f"{tag}.json"),
+            load.stream,
+        )
 
 
 def model_dir_for(contract: Contract) -> Path:
@@ -114,6 +136,7 @@ def prepare(
             requests=requests,
             trace=write_trace(requests, scratch / "workload" / f"{tag}.jsonl"),
             workload=write_workload(requests, scratch / "workload" / f"{tag}.json"),
+            stream=stream,
         )
 
     levels = [
@@ -132,6 +155,7 @@ def prepare(
         scratch,
         levels,
         warmup,
+        builder,
     )
 
 
@@ -291,6 +315,7 @@ class Runner:
         artifacts = (
             self.plan.scratch / target.name / f"level-{load.level:g}" / f"round-{round_ + 1}"
         )
+        load = self.plan.round_load(load, round_, target.name)
         try:
             with RoundWatch(QUIET_WINDOW_S) as watch:
                 records = self.drive(service, target, load, artifacts)
@@ -438,9 +463,14 @@ class Runner:
             "sampling": contract.sampling.model_dump(),
             "warmup": str(self.plan.warmup.workload) if self.plan.warmup else None,
             "max_duration_s": contract.load.max_duration_s,
-            "rounds": contract.load.rounds,
             "levels": [
-                {"level": lv.level, "workload": str(lv.workload)} for lv in self.plan.levels
+                {
+                    "level": lv.level,
+                    "round": r,
+                    "workload": str(self.plan.round_load(lv, r, target.name).workload),
+                }
+                for r in range(contract.load.rounds)
+                for lv in self.plan.levels
             ],
         }
 
