@@ -21,7 +21,8 @@ from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, load_contract
 from tritonforge.bench.environment import Environment, Machine, ModelIdentity
-from tritonforge.bench.results import RunResult
+from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.bench.results import RunResult, TargetResult
 from tritonforge.bench.runner import LevelLoad, Runner, RunPlan
 from tritonforge.bench.tools import ToolError
 from tritonforge.bench.workload import BenchRequest
@@ -244,3 +245,53 @@ def test_an_offline_engine_with_unreadable_output_fails_its_target(
     assert result.status == "failed"
     assert "unreadable records.json (JSONDecodeError" in result.error
     assert "out of memory" in result.error
+
+
+def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tritonforge.bench.contract import TargetKind
+
+    plan = plan_for(tmp_path)  # smoke: 3 served targets + the offline ceiling, 2 rounds
+    started: list[str] = []
+    stopped: list[str] = []
+
+    class Served(FakeService):
+        def __init__(self, kind, targets) -> None:
+            self.label = ",".join(t.name for t in targets)
+
+        def start(self) -> None:
+            started.append(self.label)
+
+        def wait_ready(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            stopped.append(self.label)
+
+    order: list[tuple[float, str]] = []
+
+    def drive(self, service, target, load, artifacts):
+        order.append((load.level, target.name))
+        return [MeasuredRequest(0, 0, 10**8, True, 8, 5.0, [], None, 8)]
+
+    monkeypatch.setattr(runner_module, "service_for", lambda kind, t, logs, served: Served(kind, t))
+    monkeypatch.setattr(runner_module, "QUIET_WINDOW_S", 0.0)
+    monkeypatch.setattr(Runner, "drive", drive)
+    monkeypatch.setattr(
+        Runner,
+        "run_offline",
+        lambda self, t: TargetResult(name=t.name, kind="x", tool="y", status="ok"),
+    )
+    results = Runner(plan, Console(file=io.StringIO())).run()
+
+    # One Triton for both Triton targets, one vLLM server; each started and stopped once.
+    assert started == ["triton-vllm,triton-vllm-grpc", "vllm-openai"]
+    assert sorted(stopped) == sorted(started)
+    served = [t.name for t in plan.contract.targets if t.kind is not TargetKind.VLLM_OFFLINE]
+    a, b, c = served
+    rotation = [a, b, c, b, c, a]  # round 1 in contract order, round 2 starting at b
+    assert order == [(level, name) for level in (1, 4) for name in rotation]
+    by_name = {r.name: r for r in results}
+    assert [(m.level, m.round) for m in by_name[a].levels] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    assert by_name[a].startup_s is not None and by_name[a].status == "ok"

@@ -207,7 +207,9 @@ class Runner:
             try:
                 live = [t for t in contract.targets if t.name in services]
                 for target in live:
-                    results[target.name] = self.warm_up(services[target.name], target, started)
+                    results[target.name] = self.warm_up(
+                        services[target.name], target, started[target.name]
+                    )
                 self.run_rounds(
                     services, [t for t in live if results[t.name].status == "ok"], results
                 )
