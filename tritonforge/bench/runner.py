@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -524,6 +525,10 @@ class Runner:
             self.step(result.name, advance=1)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the runner's finally: servers stop
+
+
 def run_contract(
     contract_path: Path,
     overrides: Sequence[str] = (),
@@ -534,6 +539,9 @@ def run_contract(
     from tritonforge.bench import report
 
     console = console or Console(stderr=True, soft_wrap=True)
+    # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
+    # must still stop its servers: they run in sessions of their own and would outlive it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     plan = prepare(contract_path, overrides, results_root, console)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     environment = capture(plan.model_dir)
