@@ -96,14 +96,17 @@ def test_aiperf_records_map_back_to_the_workload_by_position(tmp_path: Path) -> 
     ]
     export = tmp_path / "profile_export.jsonl"
     export.write_text("\n".join(json.dumps(line) for line in lines))
-    short, failed = parse_records(export, requests, exact_lengths=True)
+    short, failed, missing = parse_records(export, requests, exact_lengths=True)
+    # Request 0 has only a warm-up record: it is missing from the level, counted failed.
+    assert (missing.index, missing.state, missing.expected_tokens) == (0, "error", 5)
+    assert "no record" in missing.error
     # Request 1 was forced to 6 tokens and 5 arrived: it is short, credited 5, not 6.
     assert (short.index, short.ok, short.output_tokens, short.ttft_ms) == (1, True, 5, 2.5)
     assert (short.expected_tokens, short.state) == (6, "short")
     assert short.chunk_gaps_ms == [1.0, 1.5]
     assert (failed.index, failed.state, failed.output_tokens) == (2, "error", 0)
     assert "400" in failed.error and "no such input" in failed.error
-    (counted,) = parse_records(export, requests, exact_lengths=False)[:1]
+    counted = parse_records(export, requests, exact_lengths=False)[0]
     assert (counted.output_tokens, counted.state) == (5, "finished")
 
 

@@ -152,7 +152,34 @@ def parse_records(
                 expected_tokens=request.output_tokens if exact_lengths else None,
             )
         )
-    return records
+    return records + unrecorded(records, requests, exact_lengths)
+
+
+def unrecorded(
+    records: Sequence[MeasuredRequest], requests: Sequence[BenchRequest], exact_lengths: bool
+) -> list[MeasuredRequest]:
+    """A failed record for each request of the level that aiperf exported no record of.
+
+    aiperf stops at ``--benchmark-duration`` and drops what it had not finished: such a
+    request was asked for and delivered nothing measurable, so it counts against the
+    level instead of vanishing from it.
+    """
+    if not records:
+        return []  # no export at all is the tool's failure (ToolError), not the level's
+    seen = {r.index for r in records}
+    end = max(r.end_ns for r in records)
+    return [
+        MeasuredRequest(
+            index=q.index,
+            start_ns=end,
+            end_ns=end,
+            ok=False,
+            error="no record: not sent or not finished within max_duration_s",
+            expected_tokens=q.output_tokens if exact_lengths else None,
+        )
+        for q in requests
+        if q.index not in seen
+    ]
 
 
 def run_level(

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -31,7 +31,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
-from tritonforge.bench.environment import capture, tritonserver_version
+from tritonforge.bench.environment import Environment, capture, tritonserver_version
 from tritonforge.bench.metrics import MeasuredRequest, summarize
 from tritonforge.bench.noise import NoiseSample, RoundWatch
 from tritonforge.bench.results import LevelFailure, RunResult, TargetResult, compare
@@ -186,6 +186,8 @@ class Runner:
         total = len(plan.contract.targets) * len(plan.levels) * load.rounds
         self.task = self.progress.add_task("starting", total=total)
         self.tritonserver = "not started in this run"
+        # Called with the served targets' results after each level: run_contract's checkpoint.
+        self.on_level_done: Callable[[list[TargetResult]], None] | None = None
 
     @property
     def per_target_steps(self) -> int:
@@ -306,6 +308,8 @@ class Runner:
             for round_ in range(rounds):
                 for target in rotated(targets, round_):
                     self.measure(services[target.name], target, load, round_, results[target.name])
+            if self.on_level_done is not None:
+                self.on_level_done([results[t.name] for t in targets])
 
     def measure(
         self, service: Service, target: Target, load: LevelLoad, round_: int, result: TargetResult
@@ -529,25 +533,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the runner's finally: servers stop
 
 
-def run_contract(
-    contract_path: Path,
-    overrides: Sequence[str] = (),
-    results_root: Path = RESULTS_ROOT,
-    console: Console | None = None,
-) -> Path:
-    """Run everything a contract names; return the run directory (results.json, report.md)."""
+def write_results(
+    plan: RunPlan,
+    targets: list[TargetResult],
+    environment: Environment,
+    started: str,
+    finished: str | None,
+) -> RunResult:
+    """results.json and report.md from the targets as they stand (a checkpoint if unfinished)."""
     from tritonforge.bench import report
 
-    console = console or Console(stderr=True, soft_wrap=True)
-    # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
-    # must still stop its servers: they run in sessions of their own and would outlive it.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    plan = prepare(contract_path, overrides, results_root, console)
-    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    environment = capture(plan.model_dir)
-    runner = Runner(plan, console)
-    targets = runner.run()
-    environment.tritonserver = runner.tritonserver
     by_name = {t.name: t for t in targets}
     load = plan.contract.load
     noisiest = max(
@@ -564,14 +559,15 @@ def run_contract(
     comparisons = [
         row
         for spec in plan.contract.comparisons
+        if spec.target in by_name and spec.baseline in by_name
         for row in compare(
             spec, by_name[spec.target], by_name[spec.baseline], load.levels, noisy=noisy
         )
     ]
     try:
-        shown_path = str(contract_path.resolve().relative_to(REPO_ROOT))
+        shown_path = str(plan.contract_path.resolve().relative_to(REPO_ROOT))
     except ValueError:
-        shown_path = str(contract_path)
+        shown_path = str(plan.contract_path)
     result = RunResult(
         contract_name=plan.contract.name,
         contract_path=shown_path,
@@ -579,7 +575,7 @@ def run_contract(
         overrides=plan.overrides,
         contract=plan.contract.model_dump(mode="json", by_alias=True),
         started_at=started,
-        finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        finished_at=finished or "not finished: checkpoint after the last completed level",
         load_mode=plan.contract.load.mode,
         environment=environment,
         targets=targets,
@@ -593,6 +589,38 @@ def run_contract(
     )
     (plan.run_dir / "results.json").write_text(result.model_dump_json(indent=2) + "\n")
     report.write(result, plan.run_dir)
+    return result
+
+
+def run_contract(
+    contract_path: Path,
+    overrides: Sequence[str] = (),
+    results_root: Path = RESULTS_ROOT,
+    console: Console | None = None,
+) -> Path:
+    """Run everything a contract names; return the run directory (results.json, report.md).
+
+    After every level (all its rounds) the results so far are written as a checkpoint,
+    so a run stopped part-way still leaves what it measured, marked as not finished.
+    """
+    console = console or Console(stderr=True, soft_wrap=True)
+    # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
+    # must still stop its servers: they run in sessions of their own and would outlive it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    plan = prepare(contract_path, overrides, results_root, console)
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    environment = capture(plan.model_dir)
+    runner = Runner(plan, console)
+
+    def checkpoint(targets: list[TargetResult]) -> None:
+        environment.tritonserver = runner.tritonserver
+        write_results(plan, targets, environment, started, None)
+
+    runner.on_level_done = checkpoint
+    targets = runner.run()
+    environment.tritonserver = runner.tritonserver
+    finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    write_results(plan, targets, environment, started, finished)
     console.print(
         f"results: {plan.run_dir / 'results.json'}\nreport:  {plan.run_dir / 'report.md'}"
     )
