@@ -152,3 +152,22 @@ def test_every_round_and_target_gets_its_own_words_at_the_same_lengths(tmp_path)
     prompts = [q.prompt for x in loads for q in x.requests]
     assert len(set(prompts)) == len(prompts)  # no prompt is ever sent twice
     assert all(x.trace.is_file() and x.workload.is_file() for x in loads)
+
+
+def test_a_checkpoint_is_a_readable_run_marked_not_finished(tmp_path) -> None:
+    import json
+
+    from tritonforge.bench.contract import load_contract
+    from tritonforge.bench.runner import RunPlan, write_results
+    from tritonforge.launcher import REPO_ROOT
+
+    path = REPO_ROOT / "perf" / "contracts" / "smoke.yaml"
+    contract, digest = load_contract(path)
+    plan = RunPlan(contract, path, digest, [], tmp_path, tmp_path, tmp_path, [], None)
+    done = run_result(noisy=False)
+    write_results(plan, done.targets, done.environment, "start", None)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["finished_at"].startswith("not finished")
+    assert [t["name"] for t in saved["targets"]] == ["t"]  # only what was measured
+    assert saved["comparisons"] == []  # its comparisons name targets not measured yet
+    assert "# Benchmark report" in (tmp_path / "report.md").read_text()

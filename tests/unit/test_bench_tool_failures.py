@@ -283,7 +283,10 @@ def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
         "run_offline",
         lambda self, t: TargetResult(name=t.name, kind="x", tool="y", status="ok"),
     )
-    results = Runner(plan, Console(file=io.StringIO())).run()
+    runner = Runner(plan, Console(file=io.StringIO()))
+    checkpoints: list[list[int]] = []
+    runner.on_level_done = lambda ts: checkpoints.append([len(t.levels) for t in ts])
+    results = runner.run()
 
     # One Triton for both Triton targets, one vLLM server; each started and stopped once.
     assert started == ["triton-vllm,triton-vllm-grpc", "vllm-openai"]
@@ -292,6 +295,8 @@ def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
     a, b, c = served
     rotation = [a, b, c, b, c, a]  # round 1 in contract order, round 2 starting at b
     assert order == [(level, name) for level in (1, 4) for name in rotation]
+    # A checkpoint after each level, with both rounds of it for every served target.
+    assert checkpoints == [[2, 2, 2], [4, 4, 4]]
     by_name = {r.name: r for r in results}
     assert [(m.level, m.round) for m in by_name[a].levels] == [(1, 0), (1, 1), (4, 0), (4, 1)]
     assert by_name[a].startup_s is not None and by_name[a].status == "ok"
