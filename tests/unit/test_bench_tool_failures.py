@@ -300,3 +300,33 @@ def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
     by_name = {r.name: r for r in results}
     assert [(m.level, m.round) for m in by_name[a].levels] == [(1, 0), (1, 1), (4, 0), (4, 1)]
     assert by_name[a].startup_s is not None and by_name[a].status == "ok"
+
+
+def test_a_run_stopped_part_way_keeps_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_for(tmp_path)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    env = Environment(
+        git_commit="0" * 40,
+        git_dirty=False,
+        machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
+        model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
+        serving_versions={},
+        bench_versions={},
+    )
+
+    def stopped(self) -> list:  # one round measured, then SIGTERM
+        result = TargetResult(name="triton-vllm", kind="triton", tool="aiperf", status="ok")
+        self.record(result, 1, [MeasuredRequest(0, 0, 10**8, True, 8, 5.0, [], None, 8)])
+        self.results["triton-vllm"] = result
+        raise SystemExit(143)
+
+    monkeypatch.setattr(runner_module, "prepare", lambda *args: plan)
+    monkeypatch.setattr(runner_module, "capture", lambda model_dir: env)
+    monkeypatch.setattr(Runner, "run", stopped)
+    with pytest.raises(SystemExit):
+        runner_module.run_contract(CONTRACT, [], tmp_path, Console(file=io.StringIO()))
+    saved = json.loads((plan.run_dir / "results.json").read_text())
+    assert saved["finished_at"].startswith("not finished")
+    assert saved["targets"][0]["levels"][0]["output_tokens"] == 8

@@ -188,6 +188,7 @@ class Runner:
         self.tritonserver = "not started in this run"
         # Called with the served targets' results after each level: run_contract's checkpoint.
         self.on_level_done: Callable[[list[TargetResult]], None] | None = None
+        self.results: dict[str, TargetResult] = {}  # by target name, as far as measured
 
     @property
     def per_target_steps(self) -> int:
@@ -204,7 +205,7 @@ class Runner:
     def run(self) -> list[TargetResult]:
         """Every served target up at once, measured in rotated rounds; then the offline ones."""
         contract = self.plan.contract
-        results: dict[str, TargetResult] = {}
+        results = self.results
         with self.progress:
             services, started = self.start_services(results)
             try:
@@ -617,7 +618,12 @@ def run_contract(
         write_results(plan, targets, environment, started, None)
 
     runner.on_level_done = checkpoint
-    targets = runner.run()
+    try:
+        targets = runner.run()
+    except (SystemExit, KeyboardInterrupt):
+        # Stopped part-way: keep every round measured so far, the unfinished level too.
+        checkpoint(list(runner.results.values()))
+        raise
     environment.tritonserver = runner.tritonserver
     finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     write_results(plan, targets, environment, started, finished)
