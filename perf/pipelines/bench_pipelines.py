@@ -7,7 +7,9 @@ every model gets byte-identical traffic and the three targets can be interleaved
 round by round, which spreads the drift of a 2-core machine shared with other work
 over all of them instead of the one measured last. Every prompt starts with a unique
 number so vLLM's prefix cache never turns a prefill into a cache hit; ``ignore_eos``
-fixes the output length, so output tok/s = requests x max_tokens / wall time.
+forces the output length. Tokens are counted as they arrive (each response's
+``num_output_tokens``), never assumed: output tok/s = tokens received / wall time, and
+a request that ends with fewer than max_tokens is *short* and counted as such.
 
     .venv/bin/python perf/pipelines/bench_pipelines.py   # -> perf/results/pipelines/<UTC>/
 
@@ -62,6 +64,8 @@ class Sample:
     e2e_s: float
     ok: bool
     error: str | None = None
+    tokens: int = 0  # output tokens that arrived (sum of num_output_tokens)
+    short: bool = False  # ended without error but with fewer tokens than forced
 
 
 @dataclass
@@ -75,8 +79,10 @@ class Point:
     ttft_p50_ms: float | None
     ttft_p90_ms: float | None
     e2e_p50_ms: float | None
-    output_tok_s: float
+    output_tok_s: float  # tokens that arrived / wall time
     error: str | None = None  # the first client error, when no request succeeded
+    short: int = 0  # requests that ended without error but under max_tokens
+    output_tokens: int = 0  # tokens that arrived, over every request
 
 
 def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
@@ -84,6 +90,7 @@ def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
     values = {
         "text_input": np.array([prompt.encode()], dtype=np.object_),
         "stream": np.array([True]),
+        "return_num_output_tokens": np.array([True]),
         "sampling_parameters": np.array(
             [json.dumps({"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).encode()],
             dtype=np.object_,
@@ -92,7 +99,7 @@ def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in values.items():
         tensor = grpcclient.InferInput(
-            name, list(array.shape), "BOOL" if name == "stream" else "BYTES"
+            name, list(array.shape), "BOOL" if array.dtype == np.bool_ else "BYTES"
         )
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -102,21 +109,29 @@ def _inputs(max_tokens: int) -> list[grpcclient.InferInput]:
 def _request(
     client: grpcclient.InferenceServerClient, events: queue.Queue, model: str, max_tokens: int
 ) -> Sample:
-    """Send one request on the open stream and wait for its final response."""
+    """Send one request on the open stream and wait for its final response.
+
+    TTFT is the arrival of the first response that carried a token; the tokens are
+    the sum of every response's ``num_output_tokens``.
+    """
     inputs = _inputs(max_tokens)
     start = time.perf_counter()
     first = None
+    tokens = 0
     client.async_stream_infer(model, inputs, enable_empty_final_response=True)
     while True:
         result, error = events.get(timeout=600)
+        now = time.perf_counter()
         if error is not None:
-            end = time.perf_counter()
-            return Sample((first or end) - start, end - start, False, str(error)[:300])
-        if first is None and result.get_response().outputs:
-            first = time.perf_counter()
+            return Sample((first or now) - start, now - start, False, str(error)[:300], tokens)
+        counts = result.as_numpy("num_output_tokens")
+        arrived = int(counts.sum()) if counts is not None else 0
+        if first is None and arrived:
+            first = now
+        tokens += arrived
         if result.get_response().parameters["triton_final_response"].bool_param:
-            end = time.perf_counter()
-            return Sample((first or end) - start, end - start, True)
+            short = tokens < max_tokens
+            return Sample((first or now) - start, now - start, True, None, tokens, short)
 
 
 def _worker(url: str, model: str, count: int, max_tokens: int, out: list[Sample]) -> None:
@@ -155,9 +170,21 @@ def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens:
         thread.join()
     wall = time.perf_counter() - started
     good = [s for s in samples if s.ok]
+    arrived = sum(s.tokens for s in samples)  # a failed request's tokens arrived, too
     if not good:
         error = next((s.error for s in samples if s.error), "no request was sent")
-        return Point(model, concurrency, len(samples), len(samples), None, None, None, 0.0, error)
+        return Point(
+            model,
+            concurrency,
+            len(samples),
+            len(samples),
+            None,
+            None,
+            None,
+            arrived / wall,
+            error,
+            output_tokens=arrived,
+        )
     ttfts = sorted(s.ttft_s for s in good)
     return Point(
         model=model,
@@ -167,7 +194,9 @@ def measure(url: str, model: str, concurrency: int, per_worker: int, max_tokens:
         ttft_p50_ms=1000 * statistics.median(ttfts),
         ttft_p90_ms=1000 * ttfts[int(0.9 * (len(ttfts) - 1))],
         e2e_p50_ms=1000 * statistics.median(s.e2e_s for s in good),
-        output_tok_s=len(good) * max_tokens / wall,
+        output_tok_s=arrived / wall,
+        short=sum(s.short for s in good),
+        output_tokens=arrived,
     )
 
 
@@ -188,15 +217,15 @@ def report(points: list[Point], env: Environment, settings: dict) -> str:
         + f", git commit {env.git_commit[:12]}"
         + (" (dirty)" if env.git_dirty else ""),
         "",
-        "| model | concurrency | requests | errors | TTFT p50 ms | TTFT p90 ms | e2e p50 ms "
-        "| output tok/s | TTFT p50 vs direct |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | concurrency | requests | errors | short | TTFT p50 ms | TTFT p90 ms "
+        "| e2e p50 ms | output tok/s (arrived) | TTFT p50 vs direct |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     direct = {p.concurrency: p for p in points if p.model == "vllm_model"}
     for p in sorted(points, key=lambda p: (p.concurrency, MODELS.index(p.model))):
         if p.error is not None:
             lines.append(
-                f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} "
+                f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} | {p.short} "
                 f"| failed: {p.error.splitlines()[0]} |||||"
             )
             continue
@@ -205,7 +234,7 @@ def report(points: list[Point], env: Environment, settings: dict) -> str:
         if base is not None and base.ttft_p50_ms and p.ttft_p50_ms is not None:
             delta = f"{100 * (p.ttft_p50_ms / base.ttft_p50_ms - 1):+.1f} %"
         lines.append(
-            f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} "
+            f"| {p.model} | {p.concurrency} | {p.requests} | {p.errors} | {p.short} "
             f"| {_ms(p.ttft_p50_ms, 1)} | {_ms(p.ttft_p90_ms, 1)} | {_ms(p.e2e_p50_ms, 0)} "
             f"| {p.output_tok_s:.1f} | {delta} |"
         )
@@ -233,6 +262,8 @@ def merge(rounds: list[list[Point]]) -> list[Point]:
                 concurrency=key[1],
                 requests=sum(p.requests for p in group),
                 errors=sum(p.errors for p in group),
+                short=sum(p.short for p in group),
+                output_tokens=sum(p.output_tokens for p in group),
                 ttft_p50_ms=ttft_p50,
                 ttft_p90_ms=_median([p.ttft_p90_ms for p in group]),
                 e2e_p50_ms=_median([p.e2e_p50_ms for p in group]),

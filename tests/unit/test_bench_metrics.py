@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tritonforge.bench.aiperf_driver import parse_records
 from tritonforge.bench.contract import Comparison, Sampling, Slo
 from tritonforge.bench.metrics import MeasuredRequest, Percentiles, percentile, summarize
@@ -94,42 +96,76 @@ def test_aiperf_records_map_back_to_the_workload_by_position(tmp_path: Path) -> 
     ]
     export = tmp_path / "profile_export.jsonl"
     export.write_text("\n".join(json.dumps(line) for line in lines))
-    ok, failed = parse_records(export, requests, exact_lengths=True)
-    assert (ok.index, ok.ok, ok.output_tokens, ok.ttft_ms) == (1, True, 6, 2.5)
-    assert ok.chunk_gaps_ms == [1.0, 1.5]
-    assert (failed.index, failed.ok, failed.output_tokens) == (2, False, 0)
+    short, failed, missing = parse_records(export, requests, exact_lengths=True)
+    # Request 0 has only a warm-up record: it is missing from the level, counted failed.
+    assert (missing.index, missing.state, missing.expected_tokens) == (0, "error", 5)
+    assert "no record" in missing.error
+    # Request 1 was forced to 6 tokens and 5 arrived: it is short, credited 5, not 6.
+    assert (short.index, short.ok, short.output_tokens, short.ttft_ms) == (1, True, 5, 2.5)
+    assert (short.expected_tokens, short.state) == (6, "short")
+    assert short.chunk_gaps_ms == [1.0, 1.5]
+    assert (failed.index, failed.state, failed.output_tokens) == (2, "error", 0)
     assert "400" in failed.error and "no such input" in failed.error
-    (counted,) = parse_records(export, requests, exact_lengths=False)[:1]
-    assert counted.output_tokens == 5
+    counted = parse_records(export, requests, exact_lengths=False)[0]
+    assert (counted.output_tokens, counted.state) == (5, "finished")
 
 
-def level(value: float, tok_s: float, ttft_p50: float):
+def level(value: float, tok_s: float, ttft_p50: float, round_: int = 0):
     records = [record(0, 0, ttft=ttft_p50, e2e=ttft_p50 + 100, tokens=int(tok_s))]
     m = summarize(value, records, SLO)
-    return m.model_copy(update={"output_tok_s": tok_s})
+    return m.model_copy(update={"output_tok_s": tok_s, "round": round_})
 
 
-def test_comparisons_record_ratio_and_delta_and_keep_missing_levels() -> None:
-    mine = TargetResult(
-        name="t",
-        kind="triton",
-        tool="aiperf",
-        status="ok",
-        levels=[level(1, 20, 52), level(8, 150, 80)],
+def rounds(value: float, tok_s: list[float], ttft: list[float]):
+    return [level(value, t, f, r) for r, (t, f) in enumerate(zip(tok_s, ttft, strict=True))]
+
+
+def target(name: str, levels, status: str = "ok", **fields) -> TargetResult:
+    return TargetResult(
+        name=name, kind="triton", tool="aiperf", status=status, levels=levels, **fields
     )
-    base = TargetResult(
-        name="b",
-        kind="vllm_openai",
-        tool="aiperf",
-        status="partial",
-        levels=[level(1, 21, 50)],
-        failed_levels={"8": LevelFailure(error="boom")},
+
+
+SPEC = Comparison(target="t", baseline="b", min_throughput_ratio=1.0, max_ttft_p50_delta_ms=3)
+
+
+def test_comparisons_pair_rounds_and_judge_their_spread() -> None:
+    mine = target(
+        "t",
+        rounds(1, [21, 22, 21.5], [52, 51, 52])  # every round ≥ 1.0x, ≤ +3 ms: met
+        + rounds(8, [150, 170, 160], [80, 90, 85])  # ratios straddle 1.0: inconclusive
+        + rounds(32, [300, 310, 305], [100, 100, 100]),  # every round behind: missed
     )
-    spec = Comparison(target="t", baseline="b", min_throughput_ratio=1.0, max_ttft_p50_delta_ms=3)
-    one, eight = compare(spec, mine, base, [1, 8])
-    assert round(one.throughput_ratio, 3) == 0.952 and one.throughput_met is False
-    assert one.ttft_p50_delta_ms == 2 and one.ttft_met is True
-    assert eight.throughput_ratio is None and eight.throughput_met is None
+    base = target(
+        "b",
+        rounds(1, [21, 21, 21], [50, 50, 50])
+        + rounds(8, [160, 160, 160], [86, 86, 80])
+        + rounds(32, [320, 330, 320], [90, 90, 90]),
+    )
+    one, eight, thirty_two = compare(SPEC, mine, base, [1, 8, 32])
+    assert one.rounds == 3 and one.throughput_verdict == "met" and one.ttft_verdict == "met"
+    assert one.throughput_ratio.median == pytest.approx(21.5 / 21)
+    assert (one.ttft_p50_delta_ms.min, one.ttft_p50_delta_ms.max) == (1, 2)
+    assert eight.throughput_verdict == "inconclusive" and eight.ttft_verdict == "inconclusive"
+    assert thirty_two.throughput_verdict == "missed" and thirty_two.ttft_verdict == "missed"
+
+
+def test_no_verdict_when_noisy_not_interleaved_or_too_few_rounds() -> None:
+    mine = target("t", rounds(1, [30, 30, 30], [50, 50, 50]))
+    base = target("b", rounds(1, [20, 20, 20], [50, 50, 50]))
+    (noisy,) = compare(SPEC, mine, base, [1], noisy=True)
+    assert (noisy.throughput_verdict, noisy.ttft_verdict) == ("noisy", "noisy")
+    assert noisy.throughput_ratio.median == 1.5  # the numbers are still recorded
+    alone = base.model_copy(update={"interleaved": False})
+    assert compare(SPEC, mine, alone, [1])[0].throughput_verdict == "not interleaved"
+    two = target("b", rounds(1, [20, 20], [50, 50]))
+    assert compare(SPEC, mine, two, [1])[0].throughput_verdict == "too few rounds"
+    failed = target("b", [], status="partial", failed_levels={"1 round 1": LevelFailure(error="x")})
+    row = compare(SPEC, mine, failed, [1])[0]
+    assert row.rounds == 0 and row.throughput_ratio is None
+    assert row.throughput_verdict == "too few rounds"
+    no_threshold = Comparison(target="t", baseline="b")
+    assert compare(no_threshold, mine, base, [1])[0].throughput_verdict is None
 
 
 PROM = """# HELP nv_inference_request_success Number of successful inference requests
@@ -161,6 +197,10 @@ def test_perf_analyzer_input_data_carries_each_requests_max_tokens() -> None:
     assert [entry["text_input"] for entry in data] == [["p0"], ["p1"]]
     assert json.loads(data[1]["sampling_parameters"][0])["max_tokens"] == 6
     assert data[0]["stream"] == [True] and data[0]["exclude_input_in_output"] == [True]
+    assert data[0]["return_num_output_tokens"] == [True]  # what arrived is counted
+    chat = input_data(requests, Sampling(), chat=True)["data"]
+    assert "text_input" not in chat[0]
+    assert json.loads(chat[1]["messages"][0]) == [{"role": "user", "content": "p1"}]
 
 
 def test_perf_analyzer_export_maps_requests_by_prompt_and_counts_text_responses(
@@ -179,10 +219,10 @@ def test_perf_analyzer_export_maps_requests_by_prompt_and_counts_text_responses(
                                 "request_inputs": {"text_input": "p1"},
                                 "response_timestamps": [3_000_000, 4_000_000, 6_000_000, 6_100_000],
                                 "response_outputs": [
-                                    {"text_output": "a"},
-                                    {"text_output": "b"},
-                                    {"text_output": "c"},
-                                    {"text_output": ""},
+                                    {"text_output": "a", "num_output_tokens": 1},
+                                    {"text_output": "b", "num_output_tokens": 1},
+                                    {"text_output": "c", "num_output_tokens": 1},
+                                    {"text_output": "", "num_output_tokens": 0},
                                 ],
                             },
                             {"timestamp": 2_000_000, "request_inputs": {"text_input": "p0"}},
@@ -194,6 +234,6 @@ def test_perf_analyzer_export_maps_requests_by_prompt_and_counts_text_responses(
     )
     done, failed = parse_export(export, requests, exact_lengths=False)
     assert (done.index, done.ok, done.output_tokens, done.ttft_ms) == (1, True, 3, 2.0)
-    assert done.chunk_gaps_ms == [1.0, 2.0, 0.1]
+    assert done.chunk_gaps_ms == [1.0, 2.0]  # the empty final response carries no token
     assert done.end_ns == 6_100_000
     assert (failed.index, failed.ok, failed.error) == (0, False, "no response")

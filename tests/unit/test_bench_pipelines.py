@@ -57,4 +57,54 @@ def test_failed_points_merge_and_report_without_numbers(bench) -> None:
     (only_failed,) = bench.merge([[failed]])
     assert only_failed.error == "StatusCode.UNAVAILABLE" and only_failed.ttft_p50_ms is None
     lines = bench.report([ok, only_failed], ENV, {}).splitlines()
-    assert "| ensemble_vllm | 1 | 6 | 6 | failed: StatusCode.UNAVAILABLE |||||" in lines
+    assert "| ensemble_vllm | 1 | 6 | 6 | 0 | failed: StatusCode.UNAVAILABLE |||||" in lines
+
+
+class Stream:
+    """A gRPC client whose stream answers each request with the given token counts."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+        self.callback = None
+
+    def __call__(self, url: str) -> Stream:
+        return self
+
+    def start_stream(self, callback) -> None:
+        self.callback = callback
+
+    def async_stream_infer(self, model, inputs, enable_empty_final_response) -> None:
+        import numpy as np
+
+        for i, n in enumerate([*self.counts, 0]):  # then the empty final response
+            final = i == len(self.counts)
+            response = type(
+                "Response",
+                (),
+                {"parameters": {"triton_final_response": type("P", (), {"bool_param": final})}},
+            )
+            result = type(
+                "Result",
+                (),
+                {
+                    "as_numpy": lambda self, name, n=n: np.array([n], dtype=np.uint32),
+                    "get_response": lambda self, r=response: r,
+                },
+            )()
+            self.callback(result, None)
+
+    def stop_stream(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_tokens_are_counted_as_they_arrive_and_a_short_answer_shows(bench, monkeypatch) -> None:
+    monkeypatch.setattr(bench.grpcclient, "InferenceServerClient", Stream([2, 1, 1]))
+    full = bench.measure("127.0.0.1:1", "vllm_model", concurrency=1, per_worker=2, max_tokens=4)
+    assert (full.short, full.errors, full.output_tokens) == (0, 0, 8)
+    monkeypatch.setattr(bench.grpcclient, "InferenceServerClient", Stream([1, 1]))
+    cut = bench.measure("127.0.0.1:1", "vllm_model", concurrency=1, per_worker=2, max_tokens=4)
+    # 2 of 4 tokens each: short, and credited the 4 tokens that arrived, not 2 x 4.
+    assert (cut.short, cut.errors, cut.output_tokens) == (2, 0, 4)

@@ -17,10 +17,12 @@ import pytest
 from rich.console import Console
 
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, report
+from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, load_contract
 from tritonforge.bench.environment import Environment, Machine, ModelIdentity
-from tritonforge.bench.results import RunResult
+from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.bench.results import RunResult, TargetResult
 from tritonforge.bench.runner import LevelLoad, Runner, RunPlan
 from tritonforge.bench.tools import ToolError
 from tritonforge.bench.workload import BenchRequest
@@ -148,13 +150,17 @@ AIPERF_RECORD = {
         "request_start_ns": 1_000_000,
         "request_end_ns": 9_000_000,
     },
-    "metrics": {"time_to_first_token": {"value": 2.5}, "inter_chunk_latency": {"value": [1.0]}},
+    "metrics": {
+        "time_to_first_token": {"value": 2.5},
+        "inter_chunk_latency": {"value": [1.0]},
+        "output_sequence_length": {"value": 2},
+    },
 }
 
 
 def plan_for(tmp_path: Path) -> RunPlan:
     """The smoke contract at levels 1 and 4, without warm-up, writing under ``tmp_path``."""
-    contract, digest = load_contract(CONTRACT, ["load.warmup_requests=0"])
+    contract, digest = load_contract(CONTRACT, ["load.warmup_requests=0", "load.rounds=2"])
     levels = [
         LevelLoad(lv, REQUESTS, tmp_path / "trace.jsonl", tmp_path / "w.json") for lv in (1, 4)
     ]
@@ -181,15 +187,20 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
         return real_drive(self, service, target, load, artifacts)
 
     monkeypatch.setattr(Runner, "drive", drive)
+    monkeypatch.setattr(runner_module, "QUIET_WINDOW_S", 0.0)
     runner = Runner(plan, Console(file=io.StringIO()))
-    result = runner.measure(FakeService(), target, startup_s=1.0)
+    result = runner.warm_up(FakeService(), target, startup_s=1.0)
+    runner.run_rounds({target.name: FakeService()}, [target], {target.name: result})
+    result = runner.settle(result)
 
-    assert calls == [1, 4]
-    assert result.status == "partial" and [m.level for m in result.levels] == [4]
-    failure = result.failed_levels["1"]
+    assert calls == [1, 1, 4, 4]  # level by level, each in both rounds
+    assert result.status == "partial"
+    assert [(m.level, m.round) for m in result.levels] == [(4, 0), (4, 1)]
+    assert all(m.noise is not None for m in result.levels)  # every round watched
+    failure = result.failed_levels["1 round 1"]
     assert failure.exit_code == 1 and "no request records" in failure.error
     assert "connection refused" in failure.log_tail
-    saved = json.loads(result.model_dump_json())["failed_levels"]["1"]
+    saved = json.loads(result.model_dump_json())["failed_levels"]["1 round 2"]
     assert saved["exit_code"] == 1 and "connection refused" in saved["log_tail"]
 
     run = RunResult(
@@ -213,7 +224,7 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
         comparisons=[],
     )
     text = report.render(run, [])
-    assert "| 1 | failed: aiperf exited with code 1" in text
+    assert "| 1 round 1 | failed: aiperf exited with code 1" in text
     assert "connection refused" in text
 
 
@@ -234,3 +245,88 @@ def test_an_offline_engine_with_unreadable_output_fails_its_target(
     assert result.status == "failed"
     assert "unreadable records.json (JSONDecodeError" in result.error
     assert "out of memory" in result.error
+
+
+def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tritonforge.bench.contract import TargetKind
+
+    plan = plan_for(tmp_path)  # smoke: 3 served targets + the offline ceiling, 2 rounds
+    started: list[str] = []
+    stopped: list[str] = []
+
+    class Served(FakeService):
+        def __init__(self, kind, targets) -> None:
+            self.label = ",".join(t.name for t in targets)
+
+        def start(self) -> None:
+            started.append(self.label)
+
+        def wait_ready(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            stopped.append(self.label)
+
+    order: list[tuple[float, str]] = []
+
+    def drive(self, service, target, load, artifacts):
+        order.append((load.level, target.name))
+        return [MeasuredRequest(0, 0, 10**8, True, 8, 5.0, [], None, 8)]
+
+    monkeypatch.setattr(runner_module, "service_for", lambda kind, t, logs, served: Served(kind, t))
+    monkeypatch.setattr(runner_module, "QUIET_WINDOW_S", 0.0)
+    monkeypatch.setattr(Runner, "drive", drive)
+    monkeypatch.setattr(
+        Runner,
+        "run_offline",
+        lambda self, t: TargetResult(name=t.name, kind="x", tool="y", status="ok"),
+    )
+    runner = Runner(plan, Console(file=io.StringIO()))
+    checkpoints: list[list[int]] = []
+    runner.on_level_done = lambda ts: checkpoints.append([len(t.levels) for t in ts])
+    results = runner.run()
+
+    # One Triton for both Triton targets, one vLLM server; each started and stopped once.
+    assert started == ["triton-vllm,triton-vllm-grpc", "vllm-openai"]
+    assert sorted(stopped) == sorted(started)
+    served = [t.name for t in plan.contract.targets if t.kind is not TargetKind.VLLM_OFFLINE]
+    a, b, c = served
+    rotation = [a, b, c, b, c, a]  # round 1 in contract order, round 2 starting at b
+    assert order == [(level, name) for level in (1, 4) for name in rotation]
+    # A checkpoint after each level, with both rounds of it for every served target.
+    assert checkpoints == [[2, 2, 2], [4, 4, 4]]
+    by_name = {r.name: r for r in results}
+    assert [(m.level, m.round) for m in by_name[a].levels] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    assert by_name[a].startup_s is not None and by_name[a].status == "ok"
+
+
+def test_a_run_stopped_part_way_keeps_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_for(tmp_path)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    env = Environment(
+        git_commit="0" * 40,
+        git_dirty=False,
+        machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
+        model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
+        serving_versions={},
+        bench_versions={},
+    )
+
+    def stopped(self) -> list:  # one round measured, then SIGTERM
+        result = TargetResult(name="triton-vllm", kind="triton", tool="aiperf", status="ok")
+        self.record(result, 1, [MeasuredRequest(0, 0, 10**8, True, 8, 5.0, [], None, 8)])
+        self.results["triton-vllm"] = result
+        raise SystemExit(143)
+
+    monkeypatch.setattr(runner_module, "prepare", lambda *args: plan)
+    monkeypatch.setattr(runner_module, "capture", lambda model_dir: env)
+    monkeypatch.setattr(Runner, "run", stopped)
+    with pytest.raises(SystemExit):
+        runner_module.run_contract(CONTRACT, [], tmp_path, Console(file=io.StringIO()))
+    saved = json.loads((plan.run_dir / "results.json").read_text())
+    assert saved["finished_at"].startswith("not finished")
+    assert saved["targets"][0]["levels"][0]["output_tokens"] == 8

@@ -3,6 +3,10 @@
 aiperf runs as a subprocess of ``.venv-bench``; it reads the level's trace file (literal
 prompts and output lengths, in order), and its per-request export is mapped back onto
 the workload by position, so a request's exact max_tokens is known for every record.
+
+Tokens are counted as they arrived: the server's own ``usage.completion_tokens`` where
+the endpoint reports usage (OpenAI servers, asked with ``stream_options``), otherwise
+aiperf's ``output_sequence_length``, the model's tokenizer over the text received.
 """
 
 from __future__ import annotations
@@ -100,14 +104,22 @@ def aiperf_command(
     return cmd
 
 
+def received_tokens(metrics: dict) -> int:
+    """Output tokens that arrived: the server's usage count, else the received text's."""
+    for name in ("usage_completion_tokens", "output_sequence_length"):
+        value = (metrics.get(name) or {}).get("value")
+        if value is not None:
+            return int(value)
+    return 0
+
+
 def parse_records(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
 ) -> list[MeasuredRequest]:
     """aiperf's ``profile_export.jsonl`` → records, profiling phase only.
 
-    With ``exact_lengths`` (ignore_eos) the output count is the max_tokens sent, which
-    the engine produced exactly; re-tokenizing streamed text can miscount by a token or
-    two, and would bias tok/s against targets that stream more chunks.
+    With ``exact_lengths`` (ignore_eos) each record carries the max_tokens it forced, so a
+    request that delivered fewer ends *short* instead of being credited what it asked.
     """
     records = []
     for line in export.read_text().splitlines():
@@ -119,31 +131,55 @@ def parse_records(
         metrics = item.get("metrics") or {}
         error = item.get("error")
         ttft = metrics.get("time_to_first_token", {}).get("value")
-        ok = error is None and ttft is not None and not meta.get("was_cancelled", False)
-        if exact_lengths:
-            tokens = request.output_tokens if ok else 0
-        else:
-            tokens = int(metrics.get("output_sequence_length", {}).get("value", 0))
+        cancelled = bool(meta.get("was_cancelled", False))
         message = None
         if error is not None:
             message = (
                 f"{error.get('type') or 'error'} {error.get('code') or ''}: {error.get('message')}"
             )
-        elif not ok:
-            message = "no token received" if ttft is None else "cancelled"
+        elif cancelled:
+            message = "cancelled (the level ran past max_duration_s)"
         records.append(
             MeasuredRequest(
                 index=request.index,
                 start_ns=int(meta["request_start_ns"]),
                 end_ns=int(meta.get("request_end_ns") or meta["request_start_ns"]),
-                ok=ok,
-                output_tokens=tokens,
+                ok=message is None,
+                output_tokens=received_tokens(metrics),
                 ttft_ms=ttft,
                 chunk_gaps_ms=list(metrics.get("inter_chunk_latency", {}).get("value", []) or []),
                 error=message[:300] if message else None,
+                expected_tokens=request.output_tokens if exact_lengths else None,
             )
         )
-    return records
+    return records + unrecorded(records, requests, exact_lengths)
+
+
+def unrecorded(
+    records: Sequence[MeasuredRequest], requests: Sequence[BenchRequest], exact_lengths: bool
+) -> list[MeasuredRequest]:
+    """A failed record for each request of the level that aiperf exported no record of.
+
+    aiperf stops at ``--benchmark-duration`` and drops what it had not finished: such a
+    request was asked for and delivered nothing measurable, so it counts against the
+    level instead of vanishing from it.
+    """
+    if not records:
+        return []  # no export at all is the tool's failure (ToolError), not the level's
+    seen = {r.index for r in records}
+    end = max(r.end_ns for r in records)
+    return [
+        MeasuredRequest(
+            index=q.index,
+            start_ns=end,
+            end_ns=end,
+            ok=False,
+            error="no record: not sent or not finished within max_duration_s",
+            expected_tokens=q.output_tokens if exact_lengths else None,
+        )
+        for q in requests
+        if q.index not in seen
+    ]
 
 
 def run_level(

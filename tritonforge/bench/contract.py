@@ -188,6 +188,19 @@ class Load(Strict):
     max_duration_s: float = Field(
         gt=0, description="upper bound on one level's run; the tool is stopped past it"
     )
+    rounds: int = Field(
+        default=3,
+        ge=1,
+        description="each level of each target runs this many times, the targets' order "
+        "rotated per round; comparisons are judged on the rounds' spread (3 or more)",
+    )
+    max_foreign_cpu_share: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="above this share of the machine used by other processes during any "
+        "round the run is noisy and gets no verdict",
+    )
 
     @model_validator(mode="after")
     def _one_mode(self) -> Load:
@@ -236,6 +249,7 @@ class TargetKind(StrEnum):
     TRITON = "triton"  # a model served by tritonserver from model_repository/
     VLLM_OPENAI = "vllm_openai"  # vLLM's own OpenAI-compatible server, the reference
     VLLM_OFFLINE = "vllm_offline"  # vLLM's LLMEngine in-process: the engine's ceiling
+    OPENAI = "openai"  # tritonforge.openai in front of tritonserver serving ``model``
 
 
 class Target(Strict):
@@ -255,14 +269,27 @@ class Target(Strict):
         default="aiperf",
         description="aiperf (HTTP, every kind) or perf_analyzer (gRPC stream, triton only)",
     )
+    chat: bool = Field(
+        default=False,
+        description="send each prompt as one user message through the model's chat template "
+        "(OpenAI chat endpoint, Triton's messages input) instead of as raw text; targets "
+        "compared with each other should agree, or one side prefills more tokens",
+    )
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> Target:
-        if self.kind is TargetKind.TRITON and not self.model:
-            raise ValueError("a triton target needs model (the Triton model name)")
+        if self.kind in (TargetKind.TRITON, TargetKind.OPENAI) and not self.model:
+            raise ValueError(f"the {self.kind.value} target needs model (the Triton model name)")
         if self.tool == "perf_analyzer" and self.kind is not TargetKind.TRITON:
             raise ValueError("perf_analyzer speaks Triton's protocol: use it on triton targets")
-        if self.kind is not TargetKind.TRITON and not self.engine_config:
+        if self.chat and self.kind is TargetKind.VLLM_OFFLINE:
+            raise ValueError("the offline engine takes raw prompts: chat is for served targets")
+        if self.chat and self.kind is TargetKind.TRITON and self.tool == "aiperf":
+            raise ValueError(
+                "chat on a triton target needs perf_analyzer (the aiperf template sends text)"
+            )
+        served_by_triton = (TargetKind.TRITON, TargetKind.OPENAI)
+        if self.kind not in served_by_triton and not self.engine_config:
             raise ValueError(f"a {self.kind.value} target needs engine_config (a model.json path)")
         return self
 

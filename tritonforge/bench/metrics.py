@@ -9,20 +9,32 @@ Definitions (all per measured level):
 - TTFT: request start to first streamed token.
 - TPOT: (e2e - TTFT) / (output tokens - 1): the mean decode step a request saw.
 - ITL: every gap between consecutive streamed chunks, pooled over requests.
-- output tok/s: output tokens of successful requests / wall time of the level
-  (first request start → last request end).
-- goodput: successful requests with TTFT ≤ SLO TTFT and TPOT ≤ SLO TPOT, per second;
-  ``goodput_share`` is the same count over all requests.
+- output tokens: the tokens that *arrived*, as the server counted them (usage,
+  ``num_output_tokens``) or a tokenizer over the received text — never the
+  ``max_tokens`` asked for. Every arrived token counts, also those of a request that
+  later failed or stopped short.
+- output tok/s: output tokens / wall time of the level (first request start → last
+  request end).
+- end state of a request: *finished* (it delivered what it was asked), *short* (it
+  ended without error but delivered fewer tokens than the contract forces with
+  ``ignore_eos``, or none at all), *error* (transport or server error, cancelled).
+- goodput: finished requests with TTFT ≤ SLO TTFT and TPOT ≤ SLO TPOT, per second;
+  ``goodput_share`` is the same count over all requests. Short and failed requests
+  never count toward it, and both count against the error budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel
 
 from tritonforge.bench.contract import Slo
+from tritonforge.bench.noise import NoiseSample
+
+EndState = Literal["finished", "short", "error"]
 
 
 @dataclass
@@ -41,6 +53,19 @@ class MeasuredRequest:
     ttft_ms: float | None = None
     chunk_gaps_ms: list[float] = field(default_factory=list)
     error: str | None = None
+    expected_tokens: int | None = None  # what the request forced (ignore_eos), else None
+    finish_reason: str | None = None  # as the server said it, where the tool records it
+
+    @property
+    def state(self) -> EndState:
+        """How the request ended, judged from what arrived (see the module docstring)."""
+        if not self.ok:
+            return "error"
+        if self.output_tokens == 0:
+            return "short"
+        if self.expected_tokens is not None and self.output_tokens < self.expected_tokens:
+            return "short"
+        return "finished"
 
     @property
     def e2e_ms(self) -> float:
@@ -76,21 +101,25 @@ class LevelMetrics(BaseModel):
     """One target at one load level."""
 
     level: float
+    round: int = 0  # which interleaved round (0-based) these numbers come from
     requests: int
     errors: int
-    error_share: float
+    short: int = 0  # ended without error but delivered fewer tokens than forced
+    error_share: float  # (errors + short) / requests: what the error budget is judged on
     duration_s: float
     ttft_ms: Percentiles
     tpot_ms: Percentiles
     itl_ms: Percentiles
     e2e_ms: Percentiles
-    output_tokens: int
+    output_tokens: int  # tokens that arrived, over every request
+    expected_tokens: int | None = None  # tokens the requests forced, when all did
     output_tok_s: float
     requests_s: float
     goodput_rps: float
     goodput_share: float
     slo_met: bool
     error_samples: list[str] = []
+    noise: NoiseSample | None = None  # the machine around this round (runner fills it)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -104,38 +133,56 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def meets_slo(record: MeasuredRequest, slo: Slo) -> bool:
-    """A request counts toward goodput only if it succeeded within both bounds."""
-    if not record.ok or record.ttft_ms is None or record.ttft_ms > slo.ttft_p95_ms:
+    """A request counts toward goodput only if it finished within both bounds."""
+    if record.state != "finished" or record.ttft_ms is None or record.ttft_ms > slo.ttft_p95_ms:
         return False
     tpot = record.tpot_ms
     return tpot is None or tpot <= slo.tpot_p95_ms
 
 
+def describe_end(record: MeasuredRequest) -> str | None:
+    """Why a request did not finish, for the report's samples; None if it finished."""
+    if record.state == "error":
+        return record.error or "error"
+    if record.state == "short":
+        asked = f" of {record.expected_tokens}" if record.expected_tokens is not None else ""
+        return f"short: {record.output_tokens}{asked} tokens arrived"
+    return None
+
+
 def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> LevelMetrics:
-    """Aggregate one level's records; failed requests count in errors, not in latency."""
+    """Aggregate one level's records.
+
+    Throughput counts every token that arrived; latency percentiles come from the
+    requests that ended without error; goodput and requests/s only from finished ones.
+    """
     if not records:
         raise ValueError(f"no records for level {level:g}")
     ok = [r for r in records if r.ok]
+    finished = [r for r in records if r.state == "finished"]
     start = min(r.start_ns for r in records)
     end = max(r.end_ns for r in records)
     duration_s = max((end - start) / 1e9, 1e-9)
-    output_tokens = sum(r.output_tokens for r in ok)
+    output_tokens = sum(r.output_tokens for r in records)
+    expected = [r.expected_tokens for r in records]
     ttft = Percentiles.of([r.ttft_ms for r in ok if r.ttft_ms is not None])
     tpot = Percentiles.of([t for r in ok if (t := r.tpot_ms) is not None])
     good = sum(meets_slo(r, slo) for r in records)
     errors = len(records) - len(ok)
-    error_share = errors / len(records)
+    short = len(ok) - len(finished)
+    error_share = (errors + short) / len(records)
     slo_met = (
         error_share <= slo.error_budget
         and ttft.p95 is not None
         and ttft.p95 <= slo.ttft_p95_ms
         and (tpot.p95 is None or tpot.p95 <= slo.tpot_p95_ms)
     )
-    samples = sorted({r.error for r in records if r.error})[:3]
+    samples = sorted({why for r in records if (why := describe_end(r))})[:3]
     return LevelMetrics(
         level=level,
         requests=len(records),
         errors=errors,
+        short=short,
         error_share=error_share,
         duration_s=duration_s,
         ttft_ms=ttft,
@@ -143,8 +190,9 @@ def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> Lev
         itl_ms=Percentiles.of([g for r in ok for g in r.chunk_gaps_ms]),
         e2e_ms=Percentiles.of([r.e2e_ms for r in ok]),
         output_tokens=output_tokens,
+        expected_tokens=None if None in expected else sum(e or 0 for e in expected),
         output_tok_s=output_tokens / duration_s,
-        requests_s=len(ok) / duration_s,
+        requests_s=len(finished) / duration_s,
         goodput_rps=good / duration_s,
         goodput_share=good / len(records),
         slo_met=slo_met,

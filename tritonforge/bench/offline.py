@@ -51,7 +51,13 @@ def closed_loop(
             rid = f"r{request.index}"
             params = SamplingParams(max_tokens=request.output_tokens, **sampling)
             now = time.perf_counter_ns()
-            live[rid] = MeasuredRequest(index=request.index, start_ns=now, end_ns=now, ok=False)
+            live[rid] = MeasuredRequest(
+                index=request.index,
+                start_ns=now,
+                end_ns=now,
+                ok=False,
+                expected_tokens=request.output_tokens if sampling.get("ignore_eos") else None,
+            )
             seen_tokens[rid] = 0
             engine.add_request(rid, request.prompt, params)
 
@@ -74,7 +80,8 @@ def closed_loop(
             if output.finished:
                 record.end_ns = now
                 record.output_tokens = count
-                record.ok = count > 0
+                record.ok = True  # ended without error; fewer tokens than forced is "short"
+                record.finish_reason = output.outputs[0].finish_reason if output.outputs else None
                 done.append(live.pop(output.request_id))
         admit()
     return done
@@ -114,6 +121,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         closed_loop(engine, warmup, max(1, min(len(warmup), 4)), sampling)
     levels = []
     for level in job["levels"]:
+        round_ = int(level.get("round", 0))
         requests = read_workload(Path(level["workload"]))
         deadline_s = float(job["max_duration_s"])
         began = time.monotonic()
@@ -125,7 +133,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # a level's failure is reported, the next level still runs
             records, error = [], f"{type(exc).__name__}: {exc}"
         levels.append(
-            {"level": level["level"], "records": [asdict(r) for r in records], "error": error}
+            {
+                "level": level["level"],
+                "round": round_,
+                "records": [asdict(r) for r in records],
+                "error": error,
+            }
         )
     return {"startup_s": startup_s, "notes": notes, "levels": levels}
 

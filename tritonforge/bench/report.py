@@ -7,10 +7,12 @@ that is not in the results file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonforge.bench.environment import Environment, describe_machine
-from tritonforge.bench.results import ComparisonResult, RunResult, TargetResult
+from tritonforge.bench.metrics import LevelMetrics
+from tritonforge.bench.results import ComparisonResult, RunResult, Spread, TargetResult, spread
 from tritonforge.bench.server_metrics import per_request_ms
 
 PLOTS = (
@@ -24,8 +26,20 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def _verdict(met: bool | None) -> str:
-    return "n/a" if met is None else ("met" if met else "**missed**")
+def _verdict(verdict: str | None) -> str:
+    """A verdict as the report shows it; only *missed* is bold, n/a when no threshold."""
+    if verdict is None:
+        return "n/a"
+    return {"missed": "**missed**", "noisy": "no verdict (noisy)"}.get(verdict, verdict)
+
+
+def _spread(value: Spread | None, digits: int = 1) -> str:
+    """median (min-max over the rounds); just the value when there was one round."""
+    if value is None:
+        return "–"
+    if value.rounds == 1:
+        return _fmt(value.median, digits)
+    return f"{_fmt(value.median, digits)} ({_fmt(value.min, digits)}–{_fmt(value.max, digits)})"
 
 
 def plot(result: RunResult, out_dir: Path) -> list[Path]:
@@ -40,10 +54,14 @@ def plot(result: RunResult, out_dir: Path) -> list[Path]:
     for filename, title, value, slo_key in PLOTS:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
         for target in result.targets:
-            points = [(m.level, value(m)) for m in target.levels if value(m) is not None]
+            spreads = [(lv, spread(target, lv, value)) for lv in target.measured_levels()]
+            points = [(lv, sp) for lv, sp in spreads if sp is not None]
             if points:
-                xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", label=target.name)
+                xs = [lv for lv, _ in points]
+                ys = [sp.median for _, sp in points]
+                low = [sp.median - sp.min for _, sp in points]
+                high = [sp.max - sp.median for _, sp in points]
+                ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=target.name)
         if slo_key:
             bound = result.contract["slo"][slo_key]
             ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} ms")
@@ -52,7 +70,7 @@ def plot(result: RunResult, out_dir: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
         if levels:
             ax.set_xticks(levels, [f"{lv:g}" for lv in levels])
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(f"{xlabel} (median of rounds, bars: min–max)")
         ax.set_title(f"{title} — {result.contract_name}")
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -66,26 +84,42 @@ def plot(result: RunResult, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _level_row(target: TargetResult, level: float) -> str:
+    """One level over its rounds: medians (min-max) and the rounds' summed request counts."""
+    rounds = list(target.rounds_at(level).values())
+
+    def fig(figure: Callable[[LevelMetrics], float | None], digits: int = 1) -> str:
+        return _spread(spread(target, level, figure), digits)
+
+    requests = sum(m.requests for m in rounds)
+    errors, short = sum(m.errors for m in rounds), sum(m.short for m in rounds)
+    tokens = sum(m.output_tokens for m in rounds)
+    expected = [m.expected_tokens for m in rounds]
+    asked = "" if None in expected else f" of {sum(e or 0 for e in expected):,}"
+    slo = sum(m.slo_met for m in rounds)
+    noise = [m.noise.foreign_cpu_share_during for m in rounds if m.noise is not None]
+    foreign = f"{max(noise):.0%}" if noise else "–"
+    return (
+        f"| {level:g} | {len(rounds)} | {fig(lambda m: m.output_tok_s)} | {tokens:,}{asked} "
+        f"| {fig(lambda m: m.ttft_ms.p50, 0)} | {fig(lambda m: m.ttft_ms.p95, 0)} "
+        f"| {fig(lambda m: m.tpot_ms.p50)} | {fig(lambda m: m.itl_ms.p50)} "
+        f"| {fig(lambda m: m.e2e_ms.p50, 0)} | {fig(lambda m: m.goodput_rps, 2)} "
+        f"| {errors} / {short} / {requests} | {slo}/{len(rounds)} | {foreign} |"
+    )
+
+
 def _target_table(target: TargetResult, mode: str) -> list[str]:
     head = "concurrency" if mode == "concurrency" else "rate"
     lines = [
-        f"| {head} | out tok/s | req/s | TTFT p50 / p95 / p99 (ms) | TPOT p50 / p95 (ms) "
-        "| ITL p50 / p95 (ms) | e2e p50 / p95 (ms) | goodput req/s (share) | errors | SLO |",
-        "|---:|---:|---:|---|---|---|---|---|---:|:-:|",
+        f"| {head} | rounds | out tok/s | tokens arrived (of forced) | TTFT p50 (ms) "
+        "| TTFT p95 (ms) | TPOT p50 (ms) | ITL p50 (ms) | e2e p50 (ms) | goodput req/s "
+        "| errors / short / requests | SLO met | foreign CPU (max) |",
+        "|---:|---:|---|---:|---|---|---|---|---|---|---:|:-:|---:|",
     ]
-    for m in target.levels:
-        lines.append(
-            f"| {m.level:g} | {_fmt(m.output_tok_s)} | {_fmt(m.requests_s, 2)} "
-            f"| {_fmt(m.ttft_ms.p50, 0)} / {_fmt(m.ttft_ms.p95, 0)} / {_fmt(m.ttft_ms.p99, 0)} "
-            f"| {_fmt(m.tpot_ms.p50)} / {_fmt(m.tpot_ms.p95)} "
-            f"| {_fmt(m.itl_ms.p50)} / {_fmt(m.itl_ms.p95)} "
-            f"| {_fmt(m.e2e_ms.p50, 0)} / {_fmt(m.e2e_ms.p95, 0)} "
-            f"| {_fmt(m.goodput_rps, 2)} ({m.goodput_share:.0%}) | {m.errors}/{m.requests} "
-            f"| {'✓' if m.slo_met else '✗'} |"
-        )
-    for level, failure in target.failed_levels.items():
+    lines += [_level_row(target, level) for level in target.measured_levels()]
+    for where, failure in target.failed_levels.items():
         first = failure.error.splitlines()[0] if failure.error else "failed"
-        lines.append(f"| {level} | failed: {first} |||||||||")
+        lines.append(f"| {where} | failed: {first} |||||||||||")
     return lines
 
 
@@ -101,15 +135,17 @@ def _failure_evidence(target: TargetResult) -> list[str]:
 
 def _comparison_table(rows: list[ComparisonResult]) -> list[str]:
     lines = [
-        "| target vs baseline | level | tok/s ratio | needed | | TTFT p50 Δ (ms) | allowed | |",
-        "|---|---:|---:|---:|---|---:|---:|---|",
+        "| target vs baseline | level | rounds | tok/s ratio, median (min–max) | needed | verdict "
+        "| TTFT p50 Δ ms, median (min–max) | allowed | verdict |",
+        "|---|---:|---:|---|---:|---|---|---:|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.target} vs {r.baseline} | {r.level:g} | {_fmt(r.throughput_ratio, 3)} "
-            f"| {_fmt(r.min_throughput_ratio, 2)} | {_verdict(r.throughput_met)} "
-            f"| {_fmt(r.ttft_p50_delta_ms)} | {_fmt(r.max_ttft_p50_delta_ms)} "
-            f"| {_verdict(r.ttft_met)} |"
+            f"| {r.target} vs {r.baseline} | {r.level:g} | {r.rounds} "
+            f"| {_spread(r.throughput_ratio, 3)} | {_fmt(r.min_throughput_ratio, 2)} "
+            f"| {_verdict(r.throughput_verdict)} "
+            f"| {_spread(r.ttft_p50_delta_ms)} | {_fmt(r.max_ttft_p50_delta_ms)} "
+            f"| {_verdict(r.ttft_verdict)} |"
         )
     return lines
 
@@ -122,8 +158,8 @@ def _breakdown(result: RunResult) -> list[str]:
             times = per_request_ms(moved)
             if not times:
                 continue
-            client = target.at(float(level))
-            ttft = f"client TTFT p50 {_fmt(client.ttft_ms.p50, 0)} ms; " if client else ""
+            client = spread(target, float(level), lambda m: m.ttft_ms.p50)
+            ttft = f"client TTFT p50 {_spread(client, 0)} ms; " if client else ""
             parts = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(times.items()))
             lines.append(f"- **{target.name}** at {level}: {ttft}server means (ms): {parts}")
     return lines
@@ -133,10 +169,21 @@ DEFINITIONS = [
     "## Definitions",
     "",
     "TTFT = request start → first streamed token. TPOT = (e2e − TTFT) / (output tokens − 1). "
-    "ITL = gaps between streamed chunks. Output tok/s = output tokens of successful requests / "
-    "level wall time. Goodput = requests meeting both SLO bounds per second. Output counts are "
-    "the max_tokens sent when the contract sets `ignore_eos` (the engine generates exactly "
-    "that).",
+    "ITL = gaps between streamed chunks. Output tokens are those that *arrived*: the server's "
+    "own count (OpenAI `usage`, Triton's `num_output_tokens`) or the model's tokenizer over "
+    "the received text (aiperf on Triton's generate_stream), never the max_tokens asked for. "
+    "Output tok/s = all arrived tokens / level wall time. A request is *short* when it ended "
+    "without error but delivered fewer tokens than `ignore_eos` forced; short and failed "
+    "requests count against the error budget and never toward goodput (finished requests "
+    "meeting both SLO bounds, per second).",
+    "",
+    "Each figure is the median over the interleaved rounds with the range (min–max) in "
+    "brackets. A comparison pairs the two targets round by round: *met* when every round is "
+    "on the right side of the threshold, *missed* when every round is on the wrong side, "
+    "*inconclusive* when the rounds straddle it. No verdict is given for a *noisy* run "
+    "(other processes took more CPU than the contract allows during some round), with "
+    "fewer than 3 paired rounds, or against a target that did not run interleaved. Foreign "
+    "CPU = share of the machine's CPU time used by processes that are not part of the run.",
     "",
 ]
 
@@ -157,7 +204,8 @@ def _contract_summary(result: RunResult) -> list[str]:
         f"errors ≤ {slo['error_budget']:.1%}. Load: {result.load_mode} "
         f"{', '.join(f'{lv:g}' for lv in levels)}, {load['requests_per_level']} requests "
         f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
-        f"concurrency) after {load['warmup_requests']} warm-up.",
+        f"concurrency) after {load['warmup_requests']} warm-up; each level of each target "
+        f"in {result.rounds} interleaved round(s), the targets' order rotated per round.",
         "",
         "Traffic: "
         + "; ".join(f"{cls['name']} {cls['share']:.0%}" for cls in traffic["classes"])
@@ -202,13 +250,46 @@ def _target_section(target: TargetResult, mode: str) -> list[str]:
     return out
 
 
+def _noise(result: RunResult) -> list[str]:
+    """Was the machine quiet? The run's state first, then every round's figures."""
+    bound = result.max_foreign_cpu_share
+    if bound is None:  # a run from before noise was recorded
+        return ["## Noise", "", "Not recorded in this run: no verdict can rest on it.", ""]
+    state = (
+        f"**NOISY — no verdicts.** Other processes used more than {bound:.0%} of the machine "
+        "during some round"
+        if result.noisy
+        else f"Quiet enough for verdicts: no round saw other processes above {bound:.0%} "
+        "of the machine"
+    )
+    out = ["## Noise", "", f"{state} (most: {result.noisiest_round or 'nothing recorded'}).", ""]
+    out += [
+        "| target | level | round | foreign CPU before / during | load 1 m before / after "
+        "| busiest other processes during the round |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for target in result.targets:
+        for m in sorted(target.levels, key=lambda m: (m.level, m.round)):
+            if m.noise is None:
+                continue
+            n = m.noise
+            out.append(
+                f"| {target.name} | {m.level:g} | {m.round + 1} "
+                f"| {n.foreign_cpu_share_before:.0%} / {n.foreign_cpu_share_during:.0%} "
+                f"| {n.load_1m_before:.1f} / {n.load_1m_after:.1f} "
+                f"| {'; '.join(n.foreign_top) or '–'} |"
+            )
+    return [*out, ""]
+
+
 def _analysis(result: RunResult) -> list[str]:
     """The comparisons the contract asks for and the server-side time breakdown, if any."""
     out: list[str] = []
     if result.comparisons:
         out += [
-            "## Targets of the issue (recorded, not asserted)",
+            "## Targets of the issue (judged on the rounds' spread, recorded, not asserted)",
             "",
+            *(["**This run was noisy: the verdicts are withheld.**", ""] if result.noisy else []),
             *_comparison_table(result.comparisons),
             "",
         ]
@@ -217,8 +298,9 @@ def _analysis(result: RunResult) -> list[str]:
         out += [
             "## Where the time goes (server-side counters over each level)",
             "",
-            "Means per request from each server's Prometheus counters; the gap between the "
-            "client's TTFT and the engine's own TTFT/queue/prefill is the serving path's cost.",
+            "Means per request from each server's Prometheus counters, summed over the "
+            "rounds; the gap between the client's TTFT and the engine's own "
+            "TTFT/queue/prefill is the serving path's cost.",
             "",
             *breakdown,
             "",
@@ -231,6 +313,7 @@ def render(result: RunResult, plots: list[Path]) -> str:
     for target in result.targets:
         out += _target_section(target, result.load_mode)
     out += _analysis(result)
+    out += _noise(result)
     out += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     return "\n".join(out + DEFINITIONS)
 

@@ -1,11 +1,24 @@
 """The shape of ``results.json`` and the target-vs-baseline comparisons computed from it.
 
-Comparisons are recorded (met / missed with the numbers), never asserted: a benchmark
-on a shared two-core machine is evidence for a decision, not a pass/fail test.
+Every level of every target runs in several interleaved rounds. A comparison pairs the
+two targets round by round (they ran back to back, in rotated order) and judges the
+spread of the per-round figures, never one number:
+
+- *met*: every round's figure is on the right side of the threshold;
+- *missed*: every round's figure is on the wrong side;
+- *inconclusive*: the rounds straddle the threshold — the difference is within noise;
+- no verdict at all when the run was *noisy* (other processes took more than the
+  contract's share of the CPU), when fewer than :data:`MIN_ROUNDS` rounds pair up, or
+  when one side did not run interleaved with the other (the offline ceiling).
+
+Comparisons are recorded, never asserted: a benchmark on a shared two-core machine is
+evidence for a decision, not a pass/fail test.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -36,21 +49,58 @@ class TargetResult(BaseModel):
     failed_levels: dict[str, LevelFailure] = {}
     server_metrics: dict[str, dict[str, float]] = {}
     notes: list[str] = []
+    interleaved: bool = True  # False: ran alone after the servers (the offline ceiling)
 
-    def at(self, level: float) -> LevelMetrics | None:
-        return next((m for m in self.levels if m.level == level), None)
+    def rounds_at(self, level: float) -> dict[int, LevelMetrics]:
+        """This level's metrics by round."""
+        return {m.round: m for m in self.levels if m.level == level}
+
+    def measured_levels(self) -> list[float]:
+        return sorted({m.level for m in self.levels})
+
+
+MIN_ROUNDS = 3
+Verdict = Literal["met", "missed", "inconclusive", "noisy", "too few rounds", "not interleaved"]
+
+
+class Spread(BaseModel):
+    """A figure over the rounds: median and range."""
+
+    median: float
+    min: float
+    max: float
+    rounds: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread | None:
+        if not values:
+            return None
+        return cls(
+            median=statistics.median(values), min=min(values), max=max(values), rounds=len(values)
+        )
+
+
+def spread(
+    target: TargetResult, level: float, figure: Callable[[LevelMetrics], float | None]
+) -> Spread | None:
+    """One figure of one target at one level, over its rounds."""
+    values = [v for m in target.rounds_at(level).values() if (v := figure(m)) is not None]
+    return Spread.of(values)
 
 
 class ComparisonResult(BaseModel):
+    """One comparison at one level: per-round ratios and deltas, and the verdicts."""
+
     target: str
     baseline: str
     level: float
-    throughput_ratio: float | None
-    min_throughput_ratio: float | None
-    throughput_met: bool | None
-    ttft_p50_delta_ms: float | None
-    max_ttft_p50_delta_ms: float | None
-    ttft_met: bool | None
+    rounds: int = 0  # rounds where both sides have numbers
+    throughput_ratio: Spread | None = None
+    min_throughput_ratio: float | None = None
+    throughput_verdict: Verdict | None = None  # None: the contract sets no threshold
+    ttft_p50_delta_ms: Spread | None = None
+    max_ttft_p50_delta_ms: float | None = None
+    ttft_verdict: Verdict | None = None
 
 
 class RunResult(BaseModel):
@@ -65,38 +115,75 @@ class RunResult(BaseModel):
     environment: Environment
     targets: list[TargetResult]
     comparisons: list[ComparisonResult]
+    rounds: int = 1
+    max_foreign_cpu_share: float | None = None
+    noisy: bool = False  # some round saw more foreign CPU than allowed: no verdicts
+    noisiest_round: str | None = None  # where the most foreign CPU was seen, and how much
 
     def target(self, name: str) -> TargetResult | None:
         return next((t for t in self.targets if t.name == name), None)
 
 
+def judge(
+    values: Sequence[float],
+    threshold: float | None,
+    higher_is_better: bool,
+    blocked: Verdict | None,
+) -> Verdict | None:
+    """met / missed / inconclusive from per-round values, unless something blocks a verdict."""
+    if threshold is None:
+        return None
+    if blocked is not None:
+        return blocked
+    if len(values) < MIN_ROUNDS:
+        return "too few rounds"
+    sign = 1 if higher_is_better else -1
+    if all(sign * (v - threshold) >= 0 for v in values):
+        return "met"
+    if all(sign * (v - threshold) < 0 for v in values):
+        return "missed"
+    return "inconclusive"
+
+
 def compare(
-    spec: Comparison, target: TargetResult, baseline: TargetResult, levels: list[float]
+    spec: Comparison,
+    target: TargetResult,
+    baseline: TargetResult,
+    levels: list[float],
+    noisy: bool = False,
 ) -> list[ComparisonResult]:
-    """One row per level where both sides have numbers (a missing side gives None, not a drop)."""
+    """One row per level; the two sides are paired by round (a missing side: no row values)."""
+    blocked: Verdict | None = None
+    if not (target.interleaved and baseline.interleaved):
+        blocked = "not interleaved"
+    elif noisy:
+        blocked = "noisy"
     rows = []
     for level in spec.levels or levels:
-        mine, theirs = target.at(level), baseline.at(level)
-        ratio = delta = None
-        if mine and theirs and theirs.output_tok_s > 0:
-            ratio = mine.output_tok_s / theirs.output_tok_s
-        if mine and theirs and mine.ttft_ms.p50 is not None and theirs.ttft_ms.p50 is not None:
-            delta = mine.ttft_ms.p50 - theirs.ttft_ms.p50
+        mine, theirs = target.rounds_at(level), baseline.rounds_at(level)
+        paired = sorted(set(mine) & set(theirs))
+        ratios = [
+            mine[r].output_tok_s / theirs[r].output_tok_s
+            for r in paired
+            if theirs[r].output_tok_s > 0
+        ]
+        deltas = [
+            a - b
+            for r in paired
+            if (a := mine[r].ttft_ms.p50) is not None and (b := theirs[r].ttft_ms.p50) is not None
+        ]
         rows.append(
             ComparisonResult(
                 target=spec.target,
                 baseline=spec.baseline,
                 level=level,
-                throughput_ratio=ratio,
+                rounds=len(paired),
+                throughput_ratio=Spread.of(ratios),
                 min_throughput_ratio=spec.min_throughput_ratio,
-                throughput_met=None
-                if ratio is None or spec.min_throughput_ratio is None
-                else ratio >= spec.min_throughput_ratio,
-                ttft_p50_delta_ms=delta,
+                throughput_verdict=judge(ratios, spec.min_throughput_ratio, True, blocked),
+                ttft_p50_delta_ms=Spread.of(deltas),
                 max_ttft_p50_delta_ms=spec.max_ttft_p50_delta_ms,
-                ttft_met=None
-                if delta is None or spec.max_ttft_p50_delta_ms is None
-                else delta <= spec.max_ttft_p50_delta_ms,
+                ttft_verdict=judge(deltas, spec.max_ttft_p50_delta_ms, False, blocked),
             )
         )
     return rows

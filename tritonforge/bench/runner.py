@@ -1,10 +1,15 @@
 """Run a contract end to end: build the load, start each target, measure, stop, report.
 
-Targets are grouped by what serves them: every Triton model of the contract is loaded
-into one tritonserver, each vLLM reference server and the offline engine run alone.
-Groups run one after another, so two engines never share the two cores during a
-measurement. A target that fails (server never ready, tool error) is recorded as
-failed with the reason and the run goes on; nothing is dropped silently.
+Every served target is up at once — one tritonserver for all the Triton models (and the
+OpenAI frontend in front of it, for ``openai`` targets), one vLLM reference server each
+— and the load runs level by level in interleaved rounds: each level of each target
+``load.rounds`` times, the targets' order rotated every round, one target at a time (an
+idle engine leaves the cores to the one measured). Drift of a shared machine then
+spreads over every target instead of falling on the one measured last, and the rounds'
+spread says how far a difference can be trusted. Around each round the foreign CPU
+share is recorded (:mod:`tritonforge.bench.noise`). The offline engine runs alone
+afterwards. A target that fails (server never ready, tool error) is recorded as failed
+with the reason and the run goes on; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -12,20 +17,23 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
-from tritonforge.bench.environment import capture, tritonserver_version
+from tritonforge.bench.environment import Environment, capture, tritonserver_version
 from tritonforge.bench.metrics import MeasuredRequest, summarize
+from tritonforge.bench.noise import NoiseSample, RoundWatch
 from tritonforge.bench.results import LevelFailure, RunResult, TargetResult, compare
 from tritonforge.bench.services import (
     Service,
@@ -47,6 +55,8 @@ RESULTS_ROOT = REPO_ROOT / "perf" / "results"
 WARMUP_STREAM = 10_000
 WARMUP_CONCURRENCY = 4
 OFFLINE_STARTUP_ALLOWANCE_S = 300.0
+QUIET_WINDOW_S = 2.0  # foreign CPU is sampled this long before each round, too
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class LevelLoad:
     requests: list[BenchRequest]
     trace: Path
     workload: Path
+    stream: int = 0  # the level's seeded stream: its classes and lengths
 
 
 @dataclass
@@ -70,6 +81,27 @@ class RunPlan:
     scratch: Path
     levels: list[LevelLoad]
     warmup: LevelLoad | None
+    builder: PromptBuilder | None = None
+
+    def round_load(self, load: LevelLoad, round_: int, target: str) -> LevelLoad:
+        """The level's requests with words of their own for this round and target.
+
+        Same classes and lengths as every other target's; other text, so a shared engine's
+        prefix cache never serves one target (or round) another's prompts.
+        """
+        if self.builder is None:
+            return load
+        tag = f"level-{load.level:g}-round-{round_ + 1}-{target}"
+        requests = build_workload(
+            self.contract, self.builder, len(load.requests), stream=load.stream, text=tag
+        )
+        return LevelLoad(
+            load.level,
+            requests,
+            write_trace(requests, self.scratch / "workload" / f"{tag}.jsonl"),
+            write_workload(requests, self.scratch / "workload" / f"{tag}.json"),
+            load.stream,
+        )
 
 
 def model_dir_for(contract: Contract) -> Path:
@@ -105,6 +137,7 @@ def prepare(
             requests=requests,
             trace=write_trace(requests, scratch / "workload" / f"{tag}.jsonl"),
             workload=write_workload(requests, scratch / "workload" / f"{tag}.json"),
+            stream=stream,
         )
 
     levels = [
@@ -123,7 +156,16 @@ def prepare(
         scratch,
         levels,
         warmup,
+        builder,
     )
+
+
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """``items`` starting at position ``by`` (mod length): round r's order of the targets."""
+    if not items:
+        return []
+    k = by % len(items)
+    return [*items[k:], *items[:k]]
 
 
 class Runner:
@@ -140,9 +182,17 @@ class Runner:
             console=console,
             transient=False,
         )
-        total = len(plan.contract.targets) * len(plan.levels)
+        load = plan.contract.load
+        total = len(plan.contract.targets) * len(plan.levels) * load.rounds
         self.task = self.progress.add_task("starting", total=total)
         self.tritonserver = "not started in this run"
+        # Called with the served targets' results after each level: run_contract's checkpoint.
+        self.on_level_done: Callable[[list[TargetResult]], None] | None = None
+        self.results: dict[str, TargetResult] = {}  # by target name, as far as measured
+
+    @property
+    def per_target_steps(self) -> int:
+        return len(self.plan.levels) * self.plan.contract.load.rounds
 
     def say(self, text: str) -> None:
         self.progress.console.print(text)
@@ -150,53 +200,85 @@ class Runner:
     def step(self, text: str, advance: int = 0) -> None:
         self.progress.update(self.task, description=text, advance=advance)
 
-    # --- groups ---------------------------------------------------------------------
+    # --- served targets, interleaved ------------------------------------------------------
 
     def run(self) -> list[TargetResult]:
+        """Every served target up at once, measured in rotated rounds; then the offline ones."""
         contract = self.plan.contract
-        results: dict[str, TargetResult] = {}
+        results = self.results
         with self.progress:
-            triton = [t for t in contract.targets if t.kind is TargetKind.TRITON]
-            if triton:
-                results |= self.run_served(TargetKind.TRITON, triton)
+            services, started = self.start_services(results)
+            try:
+                live = [t for t in contract.targets if t.name in services]
+                for target in live:
+                    results[target.name] = self.warm_up(
+                        services[target.name], target, started[target.name]
+                    )
+                self.run_rounds(
+                    services, [t for t in live if results[t.name].status == "ok"], results
+                )
+            finally:
+                self.step("stopping the servers")
+                for service in {id(s): s for s in services.values()}.values():
+                    service.stop()
             for target in contract.targets:
-                if target.kind is TargetKind.VLLM_OPENAI:
-                    results |= self.run_served(TargetKind.VLLM_OPENAI, [target])
-                elif target.kind is TargetKind.VLLM_OFFLINE:
+                if target.kind is TargetKind.VLLM_OFFLINE:
                     results[target.name] = self.run_offline(target)
-        return [results[t.name] for t in contract.targets]
+        return [self.settle(results[t.name]) for t in contract.targets]
 
-    def run_served(self, kind: TargetKind, targets: list[Target]) -> dict[str, TargetResult]:
-        logs = self.plan.run_dir / "logs"
-        label = ", ".join(t.name for t in targets)
-        try:
-            service = service_for(kind, targets, logs, served=self.plan.contract.model)
-        except (OSError, ValueError) as error:
-            return {
-                t.name: self.failed(t, f"could not configure the server: {error}") for t in targets
-            }
-        self.step(f"starting {kind.value} for {label}")
-        started = time.monotonic()
-        try:
-            service.start()
-            service.wait_ready()
-        except (OSError, ValueError, RuntimeError, TimeoutError) as error:
-            service.stop()
-            self.say(f"[red]✗ {label}: server did not start[/]")
-            return {t.name: self.failed(t, f"server did not start: {error}") for t in targets}
-        startup_s = time.monotonic() - started
-        self.say(f"{kind.value} ready in {startup_s:.0f} s ({label})")
-        if isinstance(service, TritonService):
-            self.tritonserver = tritonserver_version(service.server.http_url)
-        try:
-            return {t.name: self.measure(service, t, startup_s) for t in targets}
-        finally:
-            self.step(f"stopping {kind.value}")
-            service.stop()
+    def start_services(
+        self, results: dict[str, TargetResult]
+    ) -> tuple[dict[str, Service], dict[str, float]]:
+        """Start the servers of every served target at once: one Triton for all its models.
 
-    def measure(self, service: Service, target: Target, startup_s: float) -> TargetResult:
+        They must all be up together for the rounds to interleave; an idle engine does not
+        compete for the CPU. A server that fails to start fails its targets, not the run.
+        """
         contract = self.plan.contract
-        scratch = self.plan.scratch / target.name
+        on_triton = [
+            t for t in contract.targets if t.kind in (TargetKind.TRITON, TargetKind.OPENAI)
+        ]
+        groups = [(TargetKind.TRITON, on_triton)] if on_triton else []
+        groups += [
+            (TargetKind.VLLM_OPENAI, [t])
+            for t in contract.targets
+            if t.kind is TargetKind.VLLM_OPENAI
+        ]
+        logs = self.plan.run_dir / "logs"
+        pending: list[tuple[Service, list[Target], float]] = []
+        for kind, targets in groups:
+            label = ", ".join(t.name for t in targets)
+            try:
+                service = service_for(kind, targets, logs, served=contract.model)
+                self.step(f"starting {kind.value} for {label}")
+                service.start()
+            except (OSError, ValueError, RuntimeError) as error:
+                for t in targets:
+                    results[t.name] = self.failed(t, f"server did not start: {error}")
+                continue
+            pending.append((service, targets, time.monotonic()))
+        services: dict[str, Service] = {}
+        started: dict[str, float] = {}
+        for service, targets, began in pending:
+            label = ", ".join(t.name for t in targets)
+            try:
+                service.wait_ready()
+            except (OSError, ValueError, RuntimeError, TimeoutError) as error:
+                service.stop()
+                self.say(f"[red]✗ {label}: server did not start[/]")
+                for t in targets:
+                    results[t.name] = self.failed(t, f"server did not start: {error}")
+                continue
+            # Servers start side by side; each one's time is until it answered ready.
+            startup_s = time.monotonic() - began
+            self.say(f"ready in {startup_s:.0f} s: {label}")
+            if isinstance(service, TritonService):
+                self.tritonserver = tritonserver_version(service.server.http_url)
+            for t in targets:
+                services[t.name], started[t.name] = service, startup_s
+        return services, started
+
+    def warm_up(self, service: Service, target: Target, startup_s: float) -> TargetResult:
         result = TargetResult(
             name=target.name,
             kind=target.kind.value,
@@ -209,31 +291,58 @@ class Runner:
         if self.plan.warmup:
             self.step(f"{target.name}: warm-up")
             try:
-                self.drive(service, target, self.plan.warmup, scratch / "warmup")
+                self.drive(
+                    service, target, self.plan.warmup, self.plan.scratch / target.name / "warmup"
+                )
             except ToolError as error:
                 self.say(f"[red]✗ {target.name}: warm-up failed[/]")
                 result.status, result.error = "failed", f"warm-up failed: {error}"
-                self.step(target.name, advance=len(self.plan.levels))
-                return result
+                self.step(target.name, advance=self.per_target_steps)
+        return result
+
+    def run_rounds(
+        self, services: dict[str, Service], targets: list[Target], results: dict[str, TargetResult]
+    ) -> None:
+        """Level by level, ``rounds`` times, the targets' order rotated each round."""
+        rounds = self.plan.contract.load.rounds
         for load in self.plan.levels:
-            self.step(f"{target.name}: {contract.load.mode} {load.level:g}")
-            before = server_metrics.parse(service.metrics_text() or "", target.model)
-            try:
-                records = self.drive(service, target, load, scratch / f"level-{load.level:g}")
-            except ToolError as error:
-                result.failed_levels[f"{load.level:g}"] = LevelFailure(
-                    error=error.reason, exit_code=error.exit_code, log_tail=error.log_tail
-                )
-                self.say(f"[red]✗ {target.name} at {load.level:g}[/]: {error.reason}")
-                self.step(target.name, advance=1)
-                continue
-            after = server_metrics.parse(service.metrics_text() or "", target.model)
-            moved = server_metrics.delta(before, after)
-            if moved:
-                result.server_metrics[f"{load.level:g}"] = moved
-            self.record(result, load.level, records)
-            self.step(target.name, advance=1)
-        return self.settle(result)
+            for round_ in range(rounds):
+                for target in rotated(targets, round_):
+                    self.measure(services[target.name], target, load, round_, results[target.name])
+            if self.on_level_done is not None:
+                self.on_level_done([results[t.name] for t in targets])
+
+    def measure(
+        self, service: Service, target: Target, load: LevelLoad, round_: int, result: TargetResult
+    ) -> None:
+        """One level of one target in one round, with the machine's noise around it."""
+        rounds = self.plan.contract.load.rounds
+        where = f"{target.name} at {load.level:g}, round {round_ + 1}/{rounds}"
+        self.step(where)
+        before = server_metrics.parse(service.metrics_text() or "", target.model)
+        artifacts = (
+            self.plan.scratch / target.name / f"level-{load.level:g}" / f"round-{round_ + 1}"
+        )
+        load = self.plan.round_load(load, round_, target.name)
+        try:
+            with RoundWatch(QUIET_WINDOW_S) as watch:
+                records = self.drive(service, target, load, artifacts)
+        except ToolError as error:
+            result.failed_levels[f"{load.level:g} round {round_ + 1}"] = LevelFailure(
+                error=error.reason, exit_code=error.exit_code, log_tail=error.log_tail
+            )
+            self.say(f"[red]✗ {where}[/]: {error.reason}")
+            self.step(where, advance=1)
+            return
+        after = server_metrics.parse(service.metrics_text() or "", target.model)
+        moved = server_metrics.delta(before, after)
+        if moved:
+            key = f"{load.level:g}"
+            summed = result.server_metrics.setdefault(key, {})
+            for name, value in moved.items():
+                summed[name] = summed.get(name, 0.0) + value
+        self.record(result, load.level, records, round_, watch.sample)
+        self.step(where, advance=1)
 
     def drive(
         self, service: Service, target: Target, load: LevelLoad, artifacts: Path
@@ -252,6 +361,7 @@ class Runner:
                 artifacts,
                 concurrency=int(load.level),
                 max_duration_s=contract.load.max_duration_s,
+                chat=target.chat,
             )
         endpoint = service.endpoint(target, contract.model, contract.sampling)
         return aiperf_driver.run_level(
@@ -267,15 +377,25 @@ class Runner:
             exact_lengths=contract.sampling.ignore_eos,
         )
 
-    def record(self, result: TargetResult, level: float, records: list[MeasuredRequest]) -> None:
+    def record(
+        self,
+        result: TargetResult,
+        level: float,
+        records: list[MeasuredRequest],
+        round_: int = 0,
+        noise: NoiseSample | None = None,
+    ) -> None:
         metrics = summarize(level, records, self.plan.contract.slo)
+        metrics.round, metrics.noise = round_, noise
         result.levels.append(metrics)
-        colour = "green" if metrics.errors == 0 else "yellow"
+        colour = "green" if metrics.errors == metrics.short == 0 else "yellow"
+        foreign = f", foreign CPU {noise.foreign_cpu_share_during:.0%}" if noise else ""
         self.say(
-            f"[{colour}]✓ {result.name} at {level:g}[/]: {metrics.output_tok_s:.1f} tok/s, "
+            f"[{colour}]✓ {result.name} at {level:g} r{round_ + 1}[/]: "
+            f"{metrics.output_tok_s:.1f} tok/s, "
             f"TTFT p50 {metrics.ttft_ms.p50 or 0:.0f} ms p95 {metrics.ttft_ms.p95 or 0:.0f} ms, "
             f"TPOT p50 {metrics.tpot_ms.p50 or 0:.1f} ms, "
-            f"errors {metrics.errors}/{metrics.requests}"
+            f"errors {metrics.errors}, short {metrics.short} of {metrics.requests}{foreign}"
         )
 
     @staticmethod
@@ -288,7 +408,7 @@ class Runner:
         return result
 
     def failed(self, target: Target, error: str) -> TargetResult:
-        self.step(target.name, advance=len(self.plan.levels))
+        self.step(target.name, advance=self.per_target_steps)
         return TargetResult(
             name=target.name,
             kind=target.kind.value,
@@ -308,10 +428,16 @@ class Runner:
             tool="vllm.LLMEngine",
             status="ok",
             load_average_1m=os.getloadavg()[0],
+            interleaved=False,
+            notes=[
+                "ran alone after the servers stopped (its rounds back to back, not "
+                "interleaved with the other targets): comparisons with it get no verdict; "
+                "its noise figures cover the whole offline job"
+            ],
         )
         if self.plan.contract.load.mode != "concurrency":
             result.status, result.error = "failed", "the offline ceiling needs concurrency levels"
-            self.step(target.name, advance=len(self.plan.levels))
+            self.step(target.name, advance=self.per_target_steps)
             return result
         work = self.plan.scratch / target.name
         work.mkdir(parents=True, exist_ok=True)
@@ -324,10 +450,11 @@ class Runner:
         log = self.plan.run_dir / "logs" / f"{target.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.step(f"{target.name}: engine start + {len(self.plan.levels)} levels")
-        code = self.run_offline_engine(job_path, out_path, log)
+        with RoundWatch(QUIET_WINDOW_S) as watch:
+            code = self.run_offline_engine(job_path, out_path, log)
         if code == 0 and out_path.is_file():
             try:
-                self.record_offline(result, json.loads(out_path.read_text()))
+                self.record_offline(result, json.loads(out_path.read_text()), watch.sample)
                 return self.settle(result)
             except (ValueError, KeyError, TypeError) as error:
                 why = f"wrote an unreadable {out_path.name} ({type(error).__name__}: {error})"
@@ -345,14 +472,21 @@ class Runner:
             "warmup": str(self.plan.warmup.workload) if self.plan.warmup else None,
             "max_duration_s": contract.load.max_duration_s,
             "levels": [
-                {"level": lv.level, "workload": str(lv.workload)} for lv in self.plan.levels
+                {
+                    "level": lv.level,
+                    "round": r,
+                    "workload": str(self.plan.round_load(lv, r, target.name).workload),
+                }
+                for r in range(contract.load.rounds)
+                for lv in self.plan.levels
             ],
         }
 
     def run_offline_engine(self, job_path: Path, out_path: Path, log: Path) -> int | None:
         """Run the job in its own session; its exit code, or None if it outran its time."""
-        timeout = OFFLINE_STARTUP_ALLOWANCE_S + self.plan.contract.load.max_duration_s * (
-            len(self.plan.levels) + 1
+        load = self.plan.contract.load
+        timeout = OFFLINE_STARTUP_ALLOWANCE_S + load.max_duration_s * (
+            len(self.plan.levels) * load.rounds + 1
         )
         try:
             with log.open("wb") as out:
@@ -377,19 +511,86 @@ class Runner:
             return None
         return proc.returncode
 
-    def record_offline(self, result: TargetResult, data: dict) -> None:
+    def record_offline(
+        self, result: TargetResult, data: dict, noise: NoiseSample | None = None
+    ) -> None:
         """The offline run's output: a level with records is measured, one without failed."""
         result.startup_s = data["startup_s"]
         result.notes += data["notes"]
         for level in data["levels"]:
             records = [MeasuredRequest(**r) for r in level["records"]]
+            round_ = int(level.get("round", 0))
+            where = f"{level['level']:g} round {round_ + 1}"
             if level["error"] and not records:
-                result.failed_levels[f"{level['level']:g}"] = LevelFailure(error=level["error"])
+                result.failed_levels[where] = LevelFailure(error=level["error"])
             else:
                 if level["error"]:
-                    result.notes.append(f"level {level['level']:g}: {level['error']}")
-                self.record(result, level["level"], records)
+                    result.notes.append(f"level {where}: {level['error']}")
+                self.record(result, level["level"], records, round_, noise)
             self.step(result.name, advance=1)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the runner's finally: servers stop
+
+
+def write_results(
+    plan: RunPlan,
+    targets: list[TargetResult],
+    environment: Environment,
+    started: str,
+    finished: str | None,
+) -> RunResult:
+    """results.json and report.md from the targets as they stand (a checkpoint if unfinished)."""
+    from tritonforge.bench import report
+
+    by_name = {t.name: t for t in targets}
+    load = plan.contract.load
+    noisiest = max(
+        (
+            (m.noise.foreign_cpu_share_during, f"{t.name} at {m.level:g} round {m.round + 1}")
+            for t in targets
+            if t.interleaved
+            for m in t.levels
+            if m.noise is not None
+        ),
+        default=None,
+    )
+    noisy = noisiest is not None and noisiest[0] > load.max_foreign_cpu_share
+    comparisons = [
+        row
+        for spec in plan.contract.comparisons
+        if spec.target in by_name and spec.baseline in by_name
+        for row in compare(
+            spec, by_name[spec.target], by_name[spec.baseline], load.levels, noisy=noisy
+        )
+    ]
+    try:
+        shown_path = str(plan.contract_path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        shown_path = str(plan.contract_path)
+    result = RunResult(
+        contract_name=plan.contract.name,
+        contract_path=shown_path,
+        contract_sha256=plan.contract_sha256,
+        overrides=plan.overrides,
+        contract=plan.contract.model_dump(mode="json", by_alias=True),
+        started_at=started,
+        finished_at=finished or "not finished: checkpoint after the last completed level",
+        load_mode=plan.contract.load.mode,
+        environment=environment,
+        targets=targets,
+        comparisons=comparisons,
+        rounds=load.rounds,
+        max_foreign_cpu_share=load.max_foreign_cpu_share,
+        noisy=noisy,
+        noisiest_round=None
+        if noisiest is None
+        else f"{noisiest[1]}: {noisiest[0]:.1%} of the machine used by other processes",
+    )
+    (plan.run_dir / "results.json").write_text(result.model_dump_json(indent=2) + "\n")
+    report.write(result, plan.run_dir)
+    return result
 
 
 def run_contract(
@@ -398,43 +599,34 @@ def run_contract(
     results_root: Path = RESULTS_ROOT,
     console: Console | None = None,
 ) -> Path:
-    """Run everything a contract names; return the run directory (results.json, report.md)."""
-    from tritonforge.bench import report
+    """Run everything a contract names; return the run directory (results.json, report.md).
 
+    After every level (all its rounds) the results so far are written as a checkpoint,
+    so a run stopped part-way still leaves what it measured, marked as not finished.
+    """
     console = console or Console(stderr=True, soft_wrap=True)
+    # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
+    # must still stop its servers: they run in sessions of their own and would outlive it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     plan = prepare(contract_path, overrides, results_root, console)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     environment = capture(plan.model_dir)
     runner = Runner(plan, console)
-    targets = runner.run()
-    environment.tritonserver = runner.tritonserver
-    by_name = {t.name: t for t in targets}
-    comparisons = [
-        row
-        for spec in plan.contract.comparisons
-        for row in compare(
-            spec, by_name[spec.target], by_name[spec.baseline], plan.contract.load.levels
-        )
-    ]
+
+    def checkpoint(targets: list[TargetResult]) -> None:
+        environment.tritonserver = runner.tritonserver
+        write_results(plan, targets, environment, started, None)
+
+    runner.on_level_done = checkpoint
     try:
-        shown_path = str(contract_path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        shown_path = str(contract_path)
-    result = RunResult(
-        contract_name=plan.contract.name,
-        contract_path=shown_path,
-        contract_sha256=plan.contract_sha256,
-        overrides=plan.overrides,
-        contract=plan.contract.model_dump(mode="json", by_alias=True),
-        started_at=started,
-        finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        load_mode=plan.contract.load.mode,
-        environment=environment,
-        targets=targets,
-        comparisons=comparisons,
-    )
-    (plan.run_dir / "results.json").write_text(result.model_dump_json(indent=2) + "\n")
-    report.write(result, plan.run_dir)
+        targets = runner.run()
+    except (SystemExit, KeyboardInterrupt):
+        # Stopped part-way: keep every round measured so far, the unfinished level too.
+        checkpoint(list(runner.results.values()))
+        raise
+    environment.tritonserver = runner.tritonserver
+    finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    write_results(plan, targets, environment, started, finished)
     console.print(
         f"results: {plan.run_dir / 'results.json'}\nreport:  {plan.run_dir / 'report.md'}"
     )

@@ -1,7 +1,8 @@
 """The servers a run measures, started and stopped by the runner itself.
 
 A service is a process group the runner owns: tritonserver with the contract's Triton
-models, or vLLM's own OpenAI-compatible server as the reference. Both bind 127.0.0.1
+models (and, for ``openai`` targets, this project's OpenAI frontend in front of it), or
+vLLM's own OpenAI-compatible server as the reference. Both bind 127.0.0.1
 on free ports (never 8000-8002, where a developer's server may run) and are stopped
 with their whole process group, so a run leaves nothing behind.
 
@@ -28,6 +29,7 @@ from tritonforge.bench.contract import Sampling, Target, TargetKind
 from tritonforge.engine_config import expand_env
 from tritonforge.launcher import (
     REPO_ROOT,
+    OpenAIFrontend,
     TritonServer,
     free_port,
     server_environment,
@@ -102,16 +104,35 @@ def triton_payload_template(sampling: Sampling) -> str:
     )
 
 
+def openai_sampling(sampling: Sampling) -> dict[str, object]:
+    """The contract's sampling as OpenAI body fields (``ignore_eos`` is vLLM's extra)."""
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "ignore_eos": sampling.ignore_eos,
+    }
+
+
 @dataclass
 class TritonService:
-    """tritonserver with the Triton models the contract's targets name."""
+    """tritonserver with the Triton models the contract's targets name.
+
+    With ``openai`` the OpenAI frontend (``python -m tritonforge.openai``) runs beside it
+    on a free port, pointed at this server's gRPC port, as ``make serve`` runs it.
+    """
 
     models: Sequence[str]
     log_path: Path
+    openai: bool = False
     server: TritonServer = field(init=False)
+    frontend: OpenAIFrontend | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.server = TritonServer.on_free_ports(models=list(self.models), log_path=self.log_path)
+        if self.openai:
+            self.frontend = OpenAIFrontend.on_free_port(
+                self.server.grpc_url, log_path=self.log_path.with_name("openai-frontend.log")
+            )
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,11 +146,29 @@ class TritonService:
             self.server.wait_ready(timeout_s)
         except (RuntimeError, TimeoutError) as error:
             raise RuntimeError(f"{error}; log tail:\n{_tail(self.log_path)}") from None
+        if self.frontend is not None:
+            self.frontend.start()
+            try:
+                self.frontend.wait_ready()
+            except (RuntimeError, TimeoutError) as error:
+                log = self.frontend.log_path or self.log_path
+                raise RuntimeError(f"{error}; log tail:\n{_tail(log)}") from None
 
     def stop(self) -> None:
+        if self.frontend is not None:
+            self.frontend.stop()
         self.server.stop()
 
     def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
+        if target.kind is TargetKind.OPENAI:
+            if self.frontend is None:
+                raise RuntimeError("an openai target needs the service started with openai=True")
+            return HttpEndpoint(
+                url=self.frontend.base_url.removesuffix("/v1"),
+                model=str(target.model),
+                endpoint_type="chat" if target.chat else "completions",
+                extra_inputs=openai_sampling(sampling),
+            )
         return HttpEndpoint(
             url=f"http://{self.server.http_url}",
             model=str(target.model),
@@ -202,17 +241,14 @@ class VllmOpenAIService:
             stop_session(self.process, signal_group=True)
 
     def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
-        # Completions, not chat: the prompt reaches the engine as is, token for token the
-        # same as Triton's text_input (a chat template would add tokens on one side only).
+        # Completions unless the target says chat: the prompt then reaches the engine as
+        # is, token for token the same as Triton's text_input (a chat template adds
+        # tokens, so every target of a comparison must agree on it).
         return HttpEndpoint(
             url=f"http://127.0.0.1:{self.port}",
             model=served_model,
-            endpoint_type="completions",
-            extra_inputs={
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "ignore_eos": sampling.ignore_eos,
-            },
+            endpoint_type="chat" if target.chat else "completions",
+            extra_inputs=openai_sampling(sampling),
         )
 
     def metrics_text(self) -> str | None:
@@ -223,9 +259,13 @@ class VllmOpenAIService:
 
 def service_for(kind: TargetKind, targets: Sequence[Target], log_dir: Path, served: str) -> Service:
     """One service for a group of targets of the same kind (Triton serves them all at once)."""
-    if kind is TargetKind.TRITON:
+    if kind in (TargetKind.TRITON, TargetKind.OPENAI):
         models = sorted({str(t.model) for t in targets})
-        return TritonService(models=models, log_path=log_dir / "tritonserver.log")
+        return TritonService(
+            models=models,
+            log_path=log_dir / "tritonserver.log",
+            openai=any(t.kind is TargetKind.OPENAI for t in targets),
+        )
     if kind is TargetKind.VLLM_OPENAI:
         (target,) = targets
         return VllmOpenAIService(

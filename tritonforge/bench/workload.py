@@ -100,14 +100,19 @@ class PromptBuilder:
 
 
 def build_workload(
-    contract: Contract, builder: PromptBuilder, count: int, stream: int = 0
+    contract: Contract, builder: PromptBuilder, count: int, stream: int = 0, text: str = ""
 ) -> list[BenchRequest]:
-    """``count`` requests following the mix; the same seed and stream give the same list.
+    """``count`` requests following the mix; the same seed, stream and text give the same list.
 
     Each load level (and the warm-up) draws its own ``stream``: a level must not resend
-    another level's prompts, or the prefix cache would turn them into free hits.
+    another level's prompts, or the prefix cache would turn them into free hits. For
+    the same reason every round of every target draws its own ``text`` (the words of
+    the prompts) while the classes and lengths stay those of the level's stream: the
+    targets get the same load, and no target finds another's prompts in a shared
+    engine's cache, nor its own from an earlier round.
     """
     rng = random.Random(f"{contract.seed}:{stream}")
+    text_rng = random.Random(f"{contract.seed}:{stream}:text:{text}")
     traffic = contract.traffic
     prefix_spec = traffic.shared_prefix
     prefix = (
@@ -126,7 +131,7 @@ def build_workload(
         # The body is random words, so only the declared prefix is ever common to
         # two requests: prefix-cache hits are exactly what the contract asked for.
         lead = (prefix if shares else "") + cls.instruction
-        prompt = builder.text(input_tokens, rng, lead=lead)
+        prompt = builder.text(input_tokens, text_rng, lead=lead)
         requests.append(BenchRequest(index, cls.name, prompt, input_tokens, output_tokens, shares))
     return requests
 
