@@ -88,7 +88,15 @@ def watch(stub: int, server: int, poll_s: float = POLL_S) -> int:
         time.sleep(poll_s)
     with contextlib.suppress(psutil.Error):  # the server went first: the stub is an orphan
         known[stub] = psutil.Process(stub).create_time()
-    return reap(known)
+    ended = reap(known)
+    if ended:  # into the server's log (stderr is the stub's): what was left, and ended
+        print(
+            f"[tritonforge reaper] stub {stub} or server {server} gone: ended {ended} "
+            "process(es) left behind",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ended
 
 
 def start_reaper() -> subprocess.Popen | None:
@@ -98,7 +106,6 @@ def start_reaper() -> subprocess.Popen | None:
             [sys.executable, "-m", "tritonforge.reaper", str(os.getpid()), str(os.getppid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
             close_fds=True,
         )
     except OSError:

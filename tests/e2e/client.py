@@ -6,9 +6,12 @@ import contextlib
 import json
 import queue
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -192,3 +195,26 @@ def wait_for(
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def run_reference(
+    script: Path, source: str, args: list[Any], env: dict[str, str], timeout_s: float
+) -> Any:
+    """Run an offline reference ``source`` (an engine used directly) in its own process.
+
+    The script receives ``args`` JSON-encoded, one per argv item, and prints its result
+    as one line ``RESULT<json>``; everything else it prints (engine logs) is ignored. A
+    process of its own keeps the engine's memory and threads out of the test process.
+    """
+    script.write_text(source)
+    done = subprocess.run(
+        [sys.executable, str(script), *map(json.dumps, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT") :])

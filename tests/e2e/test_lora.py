@@ -11,14 +11,11 @@ one extra server start for this module.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.client import bytes_input, generate, llm_inputs, metric, stream
+from tests.e2e.client import bytes_input, generate, llm_inputs, metric, run_reference, stream
 from tritonforge.engine_config import load_engine_config, resolve_paths
 from tritonforge.launcher import TritonServer, server_environment
 from tritonforge.lora import load_adapters
@@ -73,19 +70,13 @@ def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str | None
         patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
         args = resolve_paths(config, version_dir, keys=("model",))
         adapters = [(a.name, a.int_id, str(a.path)) for a in load_adapters(version_dir)]
-    script = tmp_path_factory.mktemp("offline") / "offline.py"
-    script.write_text(OFFLINE)
-    done = subprocess.run(
-        [sys.executable, str(script), *map(json.dumps, (args, adapters, PROMPT, GREEDY))],
-        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    texts = run_reference(
+        tmp_path_factory.mktemp("offline") / "offline.py",
+        OFFLINE,
+        [args, adapters, PROMPT, GREEDY],
+        {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        timeout_s=900,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    texts = json.loads(lines[0][len("RESULT") :])
     return {variant: texts[str(variant)] for variant in VARIANTS}
 
 
@@ -208,19 +199,13 @@ def llamacpp_offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         patch.setenv("TRITONFORGE_GGUF", env["TRITONFORGE_GGUF"])
         settings = resolve_paths(config, version_dir, keys=("model_path",))
         adapters = [(a.name, str(a.path / GGUF_ADAPTER_FILE)) for a in load_adapters(version_dir)]
-    script = tmp_path_factory.mktemp("llamacpp") / "offline.py"
-    script.write_text(LLAMACPP_OFFLINE)
-    done = subprocess.run(
-        [sys.executable, str(script), *map(json.dumps, (settings, adapters, PROMPT, 10))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    texts = run_reference(
+        tmp_path_factory.mktemp("llamacpp") / "offline.py",
+        LLAMACPP_OFFLINE,
+        [settings, adapters, PROMPT, 10],
+        env,
+        timeout_s=600,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    texts = json.loads(lines[0][len("RESULT") :])
     return {variant: texts[str(variant)] for variant in VARIANTS}
 
 

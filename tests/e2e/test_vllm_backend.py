@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +15,7 @@ from tests.e2e.client import (
     generate_stream_text,
     llm_inputs,
     metric,
+    run_reference,
     stream,
     wait_for,
 )
@@ -97,19 +96,13 @@ def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
         args = resolve_paths(config, version_dir, keys=("model",))
-    script = tmp_path_factory.mktemp("offline") / "offline.py"
-    script.write_text(OFFLINE)
-    done = subprocess.run(
-        [sys.executable, str(script), json.dumps(args), json.dumps(PROMPTS), json.dumps(CHATS)],
-        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    texts = run_reference(
+        tmp_path_factory.mktemp("offline") / "offline.py",
+        OFFLINE,
+        [args, PROMPTS, CHATS],
+        {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        timeout_s=600,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    texts = json.loads(lines[0][len("RESULT") :])
     keys = PROMPTS + [json.dumps(m) for m in CHATS]
     return dict(zip(keys, texts, strict=True))
 
