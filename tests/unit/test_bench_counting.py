@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.bench.aiperf_driver import parse_records
+from tritonforge.bench.aiperf_driver import arrived_counts, parse_records
 from tritonforge.bench.contract import Slo
 from tritonforge.bench.metrics import summarize
 from tritonforge.bench.perf_analyzer_driver import parse_export
@@ -118,6 +118,26 @@ def test_aiperf_on_generate_stream_counts_the_received_text_with_the_tokenizer(
     records = parse_records(write(tmp_path, lines, "e.jsonl"), REQUESTS, exact_lengths=True)
     m = summarize(1, records, SLO)
     assert (m.output_tokens, m.short) == (22, 1)
+
+
+def test_generate_stream_counts_the_models_own_num_output_tokens(tmp_path: Path) -> None:
+    # Recorded: 8 forced tokens each; aiperf's re-tokenised text says 5 for the third.
+    run = EXPORTS / "aiperf_generate_stream_raw"
+    smoke = [BenchRequest(i, "chat", p, 14, 8, False) for i, p in enumerate(PROMPTS)]
+    retokenised = parse_records(run / "profile_export.jsonl", smoke, exact_lengths=True)
+    assert [r.output_tokens for r in retokenised] == [8, 8, 5]
+    arrived = arrived_counts(run, "num_output_tokens")
+    assert arrived == {0: 8, 1: 8, 2: 8}
+    records = parse_records(run / "profile_export.jsonl", smoke, True, arrived)
+    assert [(r.output_tokens, r.state) for r in records] == [(8, "finished")] * 3
+    # A chunk lost on the way is a short request, whatever the text re-encodes to.
+    raw = aiperf_lines("aiperf_generate_stream_raw/profile_export_raw.jsonl")
+    del raw[1]["responses"][-1]
+    write(tmp_path, raw, "profile_export_raw.jsonl")
+    records = parse_records(
+        run / "profile_export.jsonl", smoke, True, arrived_counts(tmp_path, "num_output_tokens")
+    )
+    assert [(r.output_tokens, r.state) for r in records][1] == (7, "short")
 
 
 def test_an_aiperf_request_with_an_error_keeps_the_tokens_that_arrived(tmp_path: Path) -> None:

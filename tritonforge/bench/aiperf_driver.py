@@ -5,8 +5,11 @@ prompts and output lengths, in order), and its per-request export is mapped back
 the workload by position, so a request's exact max_tokens is known for every record.
 
 Tokens are counted as they arrived: the server's own ``usage.completion_tokens`` where
-the endpoint reports usage (OpenAI servers, asked with ``stream_options``), otherwise
-aiperf's ``output_sequence_length``, the model's tokenizer over the text received.
+the endpoint reports usage (OpenAI servers, asked with ``stream_options``); for a Triton
+``generate_stream`` endpoint the model's own ``num_output_tokens`` of every streamed
+chunk, read from aiperf's raw export; otherwise aiperf's ``output_sequence_length``, the
+model's tokenizer over the text received. Re-tokenising decoded text is not the model's
+count (8 forced tokens can come back as 7), so it is only the last resort.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from tritonforge.bench.metrics import MeasuredRequest
@@ -33,6 +35,9 @@ class HttpEndpoint:
     extra_inputs: dict[str, object] = field(default_factory=dict)
     payload_template: str | None = None
     response_field: str | None = None
+    # A per-chunk token count in each streamed JSON chunk (Triton's num_output_tokens):
+    # when set, aiperf exports raw responses and the driver sums it per request.
+    count_field: str | None = None
 
 
 def aiperf_command(
@@ -90,6 +95,8 @@ def aiperf_command(
         cmd += ["--request-rate", f"{level:g}", "--arrival-pattern", "poisson"]
     if endpoint.path:
         cmd += ["--endpoint", endpoint.path]
+    if endpoint.count_field:
+        cmd += ["--export-level", "raw"]
     extras: dict[str, object] = dict(endpoint.extra_inputs)
     if endpoint.payload_template is not None:
         template = artifacts / "payload_template.json"
@@ -113,13 +120,50 @@ def received_tokens(metrics: dict) -> int:
     return 0
 
 
+def chunk_count(message: dict, field_name: str) -> int:
+    """The tokens one raw SSE message says it carries (0 if it names none)."""
+    total = 0
+    for packet in message.get("packets") or []:
+        if packet.get("name") != "data" or not packet.get("value"):
+            continue
+        try:
+            body = json.loads(packet["value"])
+        except json.JSONDecodeError:
+            continue
+        value = body.get(field_name) if isinstance(body, dict) else None
+        if isinstance(value, list):  # a [1] tensor may come as a one-element list
+            value = value[0] if value else None
+        if isinstance(value, int | float):
+            total += int(value)
+    return total
+
+
+def arrived_counts(artifacts: Path, field_name: str) -> dict[int, int]:
+    """session_num → tokens the model said it sent, summed over the streamed chunks."""
+    counts: dict[int, int] = {}
+    # aiperf 0.13 merges its processors' raw files into one beside profile_export.jsonl.
+    for path in sorted(artifacts.glob("*_raw.jsonl")):
+        for line in path.read_text().splitlines():
+            item = json.loads(line)
+            meta = item.get("metadata") or {}
+            if meta.get("benchmark_phase") != "profiling":
+                continue
+            tokens = sum(chunk_count(m, field_name) for m in item.get("responses") or [])
+            counts[int(meta["session_num"])] = tokens
+    return counts
+
+
 def parse_records(
-    export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
+    export: Path,
+    requests: Sequence[BenchRequest],
+    exact_lengths: bool,
+    arrived: dict[int, int] | None = None,
 ) -> list[MeasuredRequest]:
     """aiperf's ``profile_export.jsonl`` → records, profiling phase only.
 
     With ``exact_lengths`` (ignore_eos) each record carries the max_tokens it forced, so a
     request that delivered fewer ends *short* instead of being credited what it asked.
+    ``arrived`` (session_num → the model's own count) takes precedence over aiperf's.
     """
     records = []
     for line in export.read_text().splitlines():
@@ -145,7 +189,11 @@ def parse_records(
                 start_ns=int(meta["request_start_ns"]),
                 end_ns=int(meta.get("request_end_ns") or meta["request_start_ns"]),
                 ok=message is None,
-                output_tokens=received_tokens(metrics),
+                output_tokens=(
+                    arrived[meta["session_num"]]
+                    if arrived is not None and meta["session_num"] in arrived
+                    else received_tokens(metrics)
+                ),
                 ttft_ms=ttft,
                 chunk_gaps_ms=list(metrics.get("inter_chunk_latency", {}).get("value", []) or []),
                 error=message[:300] if message else None,
@@ -207,5 +255,9 @@ def run_level(
         timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
         cwd=artifacts,
     )
-    parse = partial(parse_records, requests=requests, exact_lengths=exact_lengths)
+
+    def parse(export: Path) -> list[MeasuredRequest]:
+        arrived = arrived_counts(artifacts, endpoint.count_field) if endpoint.count_field else None
+        return parse_records(export, requests, exact_lengths, arrived)
+
     return read_records(run, artifacts / "profile_export.jsonl", parse)

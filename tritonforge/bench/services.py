@@ -98,6 +98,7 @@ def triton_payload_template(sampling: Sampling) -> str:
     )[1:-1]
     return (
         '{"text_input": {{ text|tojson }}, "stream": true, "exclude_input_in_output": true, '
+        '"return_num_output_tokens": true, '
         '"sampling_parameters": {{ (\'{"max_tokens": \' ~ max_tokens ~ \', '
         + fixed
         + "}')|tojson }}}"
@@ -176,6 +177,7 @@ class TritonService:
             path=f"/v2/models/{target.model}/generate_stream",
             payload_template=triton_payload_template(sampling),
             response_field="text_output",
+            count_field="num_output_tokens",
         )
 
     def metrics_text(self) -> str | None:
