@@ -165,7 +165,8 @@ def test_the_openai_contract_matches_issue_12s_benchmark() -> None:
     }
     assert contract.sampling.ignore_eos and contract.sampling.temperature == 0
     (cls,) = contract.traffic.classes
-    assert (cls.input_tokens.bounds(), cls.output_tokens.bounds()) == ((100, 100), (64, 64))
+    # Sized for a 2-core AVX2 machine (see the contract's header): short prompts, 32 tokens.
+    assert (cls.input_tokens.bounds(), cls.output_tokens.bounds()) == ((50, 50), (32, 32))
     thresholds = {(c.target, c.baseline): c for c in contract.comparisons}
     direct = thresholds["openai-frontend", "triton-grpc"]
     assert (direct.min_throughput_ratio, direct.max_ttft_p50_delta_ms) == (0.97, 5)

@@ -171,3 +171,42 @@ def test_a_checkpoint_is_a_readable_run_marked_not_finished(tmp_path) -> None:
     assert [t["name"] for t in saved["targets"]] == ["t"]  # only what was measured
     assert saved["comparisons"] == []  # its comparisons name targets not measured yet
     assert "# Benchmark report" in (tmp_path / "report.md").read_text()
+
+
+def test_a_noisy_round_is_measured_again_with_prompts_of_its_own(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from tritonforge.bench.contract import load_contract
+    from tritonforge.bench.runner import Runner
+    from tritonforge.launcher import REPO_ROOT
+
+    contract, _ = load_contract(REPO_ROOT / "perf" / "contracts" / "smoke.yaml")
+    assert contract.load.noisy_round_retries == 1 and contract.load.max_foreign_cpu_share == 0.1
+    plan = SimpleNamespace(contract=contract, levels=[SimpleNamespace(level=1.0)])
+    runner = Runner.__new__(Runner)  # no progress bar, no servers: only the retry logic
+    runner.plan, runner.say = plan, lambda _text: None
+    result = TargetResult(name="t", kind="triton", tool="aiperf", status="ok")
+    shares = iter([0.4, 0.05, 0.3, 0.6])
+    attempts: list[int] = []
+
+    def measure(_service, _target, load, round_, target_result, attempt=0) -> None:
+        attempts.append(attempt)
+        records = [MeasuredRequest(0, 0, 100_000_000, True, 8, 20.0, [10.0] * 7, None, 8)]
+        m = summarize(load.level, records, SLO)
+        m.round, m.noise = round_, noisy_sample(next(shares))
+        target_result.levels.append(m)
+
+    runner.measure = measure
+    target = SimpleNamespace(name="t")
+    runner.measure_quietly(None, target, plan.levels[0], 0, result)  # noisy, then quiet
+    assert attempts == [0, 1]
+    assert [m.noise.foreign_cpu_share_during for m in result.levels] == [0.05]
+    assert [m.noise.foreign_cpu_share_during for m in result.discarded_rounds] == [0.4]
+    runner.measure_quietly(None, target, plan.levels[0], 1, result)  # noisy twice: kept
+    assert attempts == [0, 1, 0, 1]
+    assert [m.noise.foreign_cpu_share_during for m in result.levels] == [0.05, 0.6]
+    assert len(result.discarded_rounds) == 2
+    done = run_result(noisy=False)
+    assert "discarded" not in report.render(done, [])  # nothing discarded, nothing said
+    done.targets[0].discarded_rounds = result.discarded_rounds[:1]
+    assert "| 1 | 1 (discarded, measured again) | 40% / 40% |" in report.render(done, [])

@@ -201,6 +201,14 @@ class Load(Strict):
         description="above this share of the machine used by other processes during any "
         "round the run is noisy and gets no verdict",
     )
+    noisy_round_retries: int = Field(
+        default=1,
+        ge=0,
+        le=3,
+        description="a round during which other processes took more than "
+        "max_foreign_cpu_share is measured again this many times at most (the noisy "
+        "measurement is kept in the results as discarded); still noisy → the run is noisy",
+    )
 
     @model_validator(mode="after")
     def _one_mode(self) -> Load:

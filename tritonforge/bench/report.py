@@ -269,12 +269,14 @@ def _noise(result: RunResult) -> list[str]:
         "|---|---:|---:|---|---|---|",
     ]
     for target in result.targets:
-        for m in sorted(target.levels, key=lambda m: (m.level, m.round)):
+        kept = [(m, "") for m in target.levels]
+        dropped = [(m, " (discarded, measured again)") for m in target.discarded_rounds]
+        for m, label in sorted(kept + dropped, key=lambda pair: (pair[0].level, pair[0].round)):
             if m.noise is None:
                 continue
             n = m.noise
             out.append(
-                f"| {target.name} | {m.level:g} | {m.round + 1} "
+                f"| {target.name} | {m.level:g} | {m.round + 1}{label} "
                 f"| {n.foreign_cpu_share_before:.0%} / {n.foreign_cpu_share_during:.0%} "
                 f"| {n.load_1m_before:.1f} / {n.load_1m_after:.1f} "
                 f"| {'; '.join(n.foreign_top) or '–'} |"

@@ -49,6 +49,9 @@ class TargetResult(BaseModel):
     failed_levels: dict[str, LevelFailure] = {}
     server_metrics: dict[str, dict[str, float]] = {}
     notes: list[str] = []
+    # Rounds measured again because other processes took too much CPU during them:
+    # the noisy measurements, kept for the record and left out of every figure.
+    discarded_rounds: list[LevelMetrics] = []
     interleaved: bool = True  # False: ran alone after the servers (the offline ceiling)
 
     def rounds_at(self, level: float) -> dict[int, LevelMetrics]:

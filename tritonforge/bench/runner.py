@@ -308,22 +308,34 @@ class Runner:
         for load in self.plan.levels:
             for round_ in range(rounds):
                 for target in rotated(targets, round_):
-                    self.measure(services[target.name], target, load, round_, results[target.name])
+                    service, result = services[target.name], results[target.name]
+                    self.measure_quietly(service, target, load, round_, result)
             if self.on_level_done is not None:
                 self.on_level_done([results[t.name] for t in targets])
 
     def measure(
-        self, service: Service, target: Target, load: LevelLoad, round_: int, result: TargetResult
+        self,
+        service: Service,
+        target: Target,
+        load: LevelLoad,
+        round_: int,
+        result: TargetResult,
+        attempt: int = 0,
     ) -> None:
-        """One level of one target in one round, with the machine's noise around it."""
+        """One level of one target in one round, with the machine's noise around it.
+
+        A retry (``attempt`` > 0) gets prompts of its own: the first attempt's are in the
+        engine's prefix cache and would turn its prefill into a hit.
+        """
         rounds = self.plan.contract.load.rounds
         where = f"{target.name} at {load.level:g}, round {round_ + 1}/{rounds}"
         self.step(where)
         before = server_metrics.parse(service.metrics_text() or "", target.model)
+        retry = f"-retry-{attempt}" if attempt else ""
         artifacts = (
-            self.plan.scratch / target.name / f"level-{load.level:g}" / f"round-{round_ + 1}"
+            self.plan.scratch / target.name / f"level-{load.level:g}" / f"round-{round_ + 1}{retry}"
         )
-        load = self.plan.round_load(load, round_, target.name)
+        load = self.plan.round_load(load, round_, target.name + retry)
         try:
             with RoundWatch(QUIET_WINDOW_S) as watch:
                 records = self.drive(service, target, load, artifacts)
@@ -343,6 +355,31 @@ class Runner:
                 summed[name] = summed.get(name, 0.0) + value
         self.record(result, load.level, records, round_, watch.sample)
         self.step(where, advance=1)
+
+    def measure_quietly(
+        self, service: Service, target: Target, load: LevelLoad, round_: int, result: TargetResult
+    ) -> None:
+        """:meth:`measure`, again while other processes took too much CPU during it.
+
+        Retried at most ``noisy_round_retries`` times with the same prompts; each noisy
+        measurement moves to ``discarded_rounds`` (in results.json, in no figure). A
+        round still noisy after its retries stays, and makes the run noisy.
+        """
+        limits = self.plan.contract.load
+        for attempt in range(limits.noisy_round_retries + 1):
+            self.measure(service, target, load, round_, result, attempt)
+            last = result.levels[-1] if result.levels else None
+            if last is None or (last.level, last.round) != (load.level, round_):
+                return  # the tool failed: nothing measured to judge
+            share = last.noise.foreign_cpu_share_during if last.noise else 0.0
+            if share <= limits.max_foreign_cpu_share or attempt == limits.noisy_round_retries:
+                return
+            result.discarded_rounds.append(result.levels.pop())
+            self.say(
+                f"[yellow]↻ {target.name} at {load.level:g} r{round_ + 1}[/]: other processes "
+                f"took {share:.0%} of the CPU (limit {limits.max_foreign_cpu_share:.0%}); "
+                "measuring the round again"
+            )
 
     def drive(
         self, service: Service, target: Target, load: LevelLoad, artifacts: Path
