@@ -206,6 +206,21 @@ def test_a_noisy_round_is_measured_again_with_prompts_of_its_own(tmp_path) -> No
     assert attempts == [0, 1, 0, 1]
     assert [m.noise.foreign_cpu_share_during for m in result.levels] == [0.05, 0.6]
     assert len(result.discarded_rounds) == 2
+    # A tool that fails once is run once more; the failure becomes a note.
+    from tritonforge.bench.results import LevelFailure
+
+    def fail_then_measure(service, target_, load, round_, target_result, attempt=0) -> None:
+        if attempt == 0:
+            key = f"{load.level:g} round {round_ + 1}"
+            target_result.failed_levels[key] = LevelFailure(error="export unreadable")
+            return
+        measure(service, target_, load, round_, target_result, attempt)
+
+    runner.measure, shares, attempts[:] = fail_then_measure, iter([0.02]), []
+    runner.measure_quietly(None, target, plan.levels[0], 2, result)
+    assert attempts == [1] and result.failed_levels == {}
+    assert [m.round for m in result.levels] == [0, 1, 2]
+    assert result.notes == ["1 round 3: the tool failed (export unreadable); measured again"]
     done = run_result(noisy=False)
     assert "discarded" not in report.render(done, [])  # nothing discarded, nothing said
     done.targets[0].discarded_rounds = result.discarded_rounds[:1]

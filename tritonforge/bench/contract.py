@@ -206,8 +206,9 @@ class Load(Strict):
         ge=0,
         le=3,
         description="a round during which other processes took more than "
-        "max_foreign_cpu_share is measured again this many times at most (the noisy "
-        "measurement is kept in the results as discarded); still noisy → the run is noisy",
+        "max_foreign_cpu_share, or whose load tool failed, is measured again this many "
+        "times at most (the noisy measurement is kept in the results as discarded, the "
+        "failure as a note); still noisy → the run is noisy",
     )
 
     @model_validator(mode="after")

@@ -361,16 +361,25 @@ class Runner:
     ) -> None:
         """:meth:`measure`, again while other processes took too much CPU during it.
 
-        Retried at most ``noisy_round_retries`` times with the same prompts; each noisy
+        Retried at most ``noisy_round_retries`` times, with prompts of its own; each noisy
         measurement moves to ``discarded_rounds`` (in results.json, in no figure). A
-        round still noisy after its retries stays, and makes the run noisy.
+        round still noisy after its retries stays, and makes the run noisy. A round whose
+        load tool failed is retried the same way; the failure becomes a note.
         """
         limits = self.plan.contract.load
         for attempt in range(limits.noisy_round_retries + 1):
             self.measure(service, target, load, round_, result, attempt)
             last = result.levels[-1] if result.levels else None
             if last is None or (last.level, last.round) != (load.level, round_):
-                return  # the tool failed: nothing measured to judge
+                # The tool failed (its evidence is in failed_levels): once more, if allowed,
+                # since a load tool's one-off failure should not cost a comparison a round.
+                key = f"{load.level:g} round {round_ + 1}"
+                if attempt == limits.noisy_round_retries or key not in result.failed_levels:
+                    return
+                failure = result.failed_levels.pop(key)
+                result.notes.append(f"{key}: the tool failed ({failure.error}); measured again")
+                self.say(f"[yellow]↻ {target.name} at {key}[/]: the tool failed; once more")
+                continue
             share = last.noise.foreign_cpu_share_during if last.noise else 0.0
             if share <= limits.max_foreign_cpu_share or attempt == limits.noisy_round_retries:
                 return
