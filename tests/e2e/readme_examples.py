@@ -207,7 +207,8 @@ def run_python(code: str, addresses: Addresses) -> Printed:
         for usage in line[1:]:
             _check_usage(usage)
     if printed.stream:
-        assert "".join(str(p) for p in printed.stream).strip(), "the stream generated nothing"
+        streamed = "".join(str(p) for p in printed.stream)
+        assert streamed.strip(), f"the stream generated nothing: {printed.stream!r}"
     return printed
 
 
