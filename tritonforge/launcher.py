@@ -380,10 +380,13 @@ def _port(env_name: str, default: int) -> int:
 
 
 def example_request(server: TritonServer, model: str) -> str:
+    """The request the ready line suggests: it must generate something on any CPU, so the
+    prompt is one a small greedy model continues (tests/e2e/test_readme_examples.py runs
+    it), and only the generated text comes back (no echoed prompt)."""
     return (
         f"curl -s -X POST http://{server.http_url}/v2/models/{model}/generate "
-        '-d \'{"text_input": "What is the capital of France?", '
-        '"parameters": {"max_tokens": 32, "temperature": 0}}\''
+        '-d \'{"text_input": "The three primary colours are", "exclude_input_in_output": true, '
+        '"parameters": {"max_tokens": 16, "temperature": 0}}\''
     )
 
 

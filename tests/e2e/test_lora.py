@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.client import bytes_input, generate, llm_inputs, metric, run_reference, stream
+from tests.e2e.readme_examples import Addresses, blocks, models, run_block
 from tritonforge.engine_config import load_engine_config, resolve_paths
 from tritonforge.launcher import TritonServer, server_environment
 from tritonforge.lora import load_adapters
@@ -230,3 +231,12 @@ def test_llamacpp_unknown_lora_name_lists_the_adapters(server) -> None:
     body = {"text_input": PROMPT, "lora_name": "smol-gamma", "parameters": GREEDY}
     error = generate(server.http_url, LLAMACPP, body)["error"]
     assert "unknown LoRA adapter 'smol-gamma'; available: smol-alpha, smol-beta" in error
+
+
+def test_readme_lora_examples(server) -> None:
+    """README.md's LoRA requests answer on this module's server (the session server does not
+    load the LoRA models); shape only, as tests/e2e/test_readme_examples.py checks the rest."""
+    examples = [b for b in blocks() if b.is_request() and models(b) & {MODEL, LLAMACPP}]
+    assert examples, "README.md has no LoRA request example"
+    for block in examples:
+        run_block(block, Addresses(http=server.http_url, grpc=server.grpc_url))

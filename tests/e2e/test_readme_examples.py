@@ -1,0 +1,93 @@
+"""Every request example in README.md and ensembles/README.md, and the one `make serve`
+prints when ready, answers.
+
+Examples are read from the READMEs at collection (tests/e2e/readme_examples.py), so an
+example added to them is run here or the inventory test fails. Only the answer's shape is
+checked (HTTP 200, the documented fields, generated text that is not empty, token counts
+> 0): the words differ between CPUs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import OWN_SERVER_MODELS
+from tests.e2e.readme_examples import Addresses, Block, Curl, blocks, models, run_block, run_curl
+from tritonforge.launcher import OpenAIFrontend, TritonServer, example_request
+
+pytestmark = pytest.mark.server
+
+#: Blocks that are not requests to the server, by the start of their first line → why not run.
+NOT_RUN = {
+    "make serve": "the two top-level commands; `make test` is this suite",
+    "PATH=.venv-bench/bin:$PATH genai-perf": (
+        "a load run; tests/e2e/test_genai_perf.py runs the same command with fewer requests"
+    ),
+    '{"smol-alpha"': "a multi_lora.json file, not a command",
+    "PATH=.venv-bench/bin:$PATH aiperf": (
+        "a load run of 32 requests (aiperf alone starts for tens of seconds on two cores)"
+    ),
+    ".venv/bin/python -m tritonforge.repo": "writes repositories; tests/e2e/test_repo_generator.py",
+    "client ─▶ tritonserver": "the layout diagram",
+}
+
+BLOCKS = blocks()
+#: Request examples for models the session server leaves out run in their own module.
+ELSEWHERE = {m: "tests/e2e/test_lora.py::test_readme_lora_examples" for m in OWN_SERVER_MODELS}
+HERE = [b for b in BLOCKS if b.is_request() and not models(b) & set(ELSEWHERE)]
+
+
+def test_every_readme_block_is_run_or_excluded_with_a_reason() -> None:
+    unaccounted = [
+        b.id
+        for b in BLOCKS
+        if not b.is_request() and not any(b.code.startswith(p) for p in NOT_RUN)
+    ]
+    assert not unaccounted, f"README blocks neither run nor listed in NOT_RUN: {unaccounted}"
+    stale = [p for p in NOT_RUN if not any(b.code.startswith(p) for b in BLOCKS)]
+    assert not stale, f"NOT_RUN names blocks README.md no longer has: {stale}"
+    assert len(HERE) >= 5, [b.id for b in HERE]  # the extraction itself still finds examples
+
+
+def _loaded(server: TritonServer, model: str) -> bool:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return client.is_model_ready(model)
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def frontend(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("openai") / "openai.log"
+    service = OpenAIFrontend.on_free_port(triton_server.grpc_url, log_path=log)
+    service.start()
+    try:
+        service.wait_ready()
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def addresses(triton_server: TritonServer, frontend: OpenAIFrontend) -> Addresses:
+    openai = frontend.base_url.removeprefix("http://").removesuffix("/v1")
+    return Addresses(http=triton_server.http_url, grpc=triton_server.grpc_url, openai=openai)
+
+
+@pytest.mark.parametrize("block", HERE, ids=[b.id for b in HERE])
+def test_readme_example_answers(block: Block, triton_server, addresses: Addresses) -> None:
+    missing = [m for m in sorted(models(block)) if not _loaded(triton_server, m)]
+    if missing:
+        pytest.skip(f"{block.id} needs {missing}, not loaded on this server")
+    run_block(block, addresses)
+
+
+def test_the_ready_line_example_generates_text(triton_server, addresses: Addresses) -> None:
+    """`make serve` prints this request; it must generate, not just echo its prompt."""
+    command = example_request(triton_server, "vllm_model").removeprefix("Try: ")
+    run_curl(Curl(command, None), addresses)
