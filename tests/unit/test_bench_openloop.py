@@ -297,6 +297,7 @@ def test_the_report_gives_goodput_per_rate_and_each_targets_saturation_point() -
     assert (
         "| triton-grpc | 3 | 0/3 | 3.00 (3.00–3.00) | 1.80 (1.80–1.80) | 0.60 (0.60–0.60) " in text
     )
+    assert "| 0.60 (0.60–0.60) | 1.00 (1.00–1.00) | 1.80 (1.80–1.80) |" in text  # <= achieved
     assert "| vllm-openai | 2 | 2/3 | 2.00 (2.00–2.00) |" in text
     assert "| 1.00 (0.70–1.00) | 2.00 (1.40–2.00) |" in text  # the LATE round: 7 of 10 good
     assert "points are measurements, not verdicts" not in text

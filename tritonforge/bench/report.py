@@ -258,9 +258,14 @@ def _contract_summary(result: RunResult) -> list[str]:
         "",
         f"SLO: TTFT p95 ≤ {slo['ttft_p95_ms']:g} ms, TPOT p95 ≤ {slo['tpot_p95_ms']:g} ms, "
         f"errors ≤ {slo['error_budget']:.1%}. Load: {mode} "
-        f"{', '.join(f'{lv:g}' for lv in levels)}, {load['requests_per_level']} requests "
-        f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
-        f"concurrency) after {load['warmup_requests']} warm-up; each level of each target "
+        f"{', '.join(f'{lv:g}' for lv in levels)}; {load['requests_per_level']} requests "
+        + (
+            f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
+            "concurrency)"
+            if result.load_mode == "concurrency"
+            else "per rate"
+        )
+        + f" after {load['warmup_requests']} warm-up; each level of each target "
         f"in {result.rounds} interleaved round(s), the targets' order rotated per round.",
         "",
         "Traffic: "
@@ -382,11 +387,12 @@ def _capacity(result: RunResult) -> list[str]:
         "### Goodput vs offered rate",
         "",
         "Offered = arrivals/s as sent, achieved = completions/s, both between the first and "
-        "last request of the round; goodput = goodput share × offered. Medians over the "
+        "last request of the round; goodput = achieved × (within SLO / finished). Medians "
+        "over the "
         "rounds (min–max).",
         "",
         "| target | rate | rounds held | offered req/s | achieved req/s | achieved / offered "
-        "| goodput share | goodput req/s | TTFT p95 (ms) | TPOT p95 (ms) | rate |",
+        "| goodput share | goodput req/s | TTFT p95 (ms) | TPOT p95 (ms) | state |",
         "|---|---:|:-:|---|---|---|---|---|---|---|---|",
     ]
     for sat in result.saturation:

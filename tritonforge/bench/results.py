@@ -123,7 +123,7 @@ class RateLevel(BaseModel):
     achieved_rps: Spread | None = None
     achieved_ratio: Spread | None = None
     goodput_share: Spread | None = None
-    goodput_rps: Spread | None = None  # goodput share x offered rate, per round
+    goodput_rps: Spread | None = None  # achieved req/s x good / finished, per round
     ttft_p95_ms: Spread | None = None
     tpot_p95_ms: Spread | None = None
 

@@ -51,8 +51,15 @@ def achieved_ratio(m: LevelMetrics) -> float | None:
 
 
 def open_goodput_rps(m: LevelMetrics) -> float | None:
-    """Requests per second served within the SLO: goodput share x offered rate."""
-    return None if m.offered_rps is None else m.goodput_share * m.offered_rps
+    """Requests per second served within the SLO: achieved req/s x good / finished.
+
+    The achieved rate counts finished requests only; the share of them within both
+    bounds makes it goodput, which can never exceed what was completed.
+    """
+    finished = m.requests - m.errors - m.short
+    if m.achieved_rps is None:
+        return None
+    return 0.0 if finished <= 0 else m.achieved_rps * (m.goodput_share * m.requests) / finished
 
 
 def round_holds(m: LevelMetrics, rule: Saturation) -> bool:
