@@ -44,7 +44,7 @@ def refused(mutate) -> str:
 def test_the_capacity_contract_sweeps_rates_on_triton_and_vllms_server() -> None:
     contract, _ = load_contract(CONTRACTS / "capacity.yaml")
     assert contract.load.mode == "request_rate" and contract.load.sweep
-    assert contract.load.levels == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert contract.load.levels == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert contract.load.saturation_rule == RULE
     tools = {t.name: (t.kind.value, t.tool) for t in contract.targets}
     assert tools == {
@@ -290,7 +290,7 @@ def capacity_run(noisy: bool = False):
 def test_the_report_gives_goodput_per_rate_and_each_targets_saturation_point() -> None:
     text = report.render(capacity_run(), [])
     assert "## Capacity (open loop, Poisson arrivals)" in text
-    assert "request-rate sweep (1 +1 up to 6)" in text
+    assert "request-rate sweep (1 +1 up to 5)" in text
     assert "| triton-grpc | **2 req/s** (broke at 3) | saturated | – |" in text
     assert "| vllm-openai | inconclusive: 1 req/s held, rounds disagree at 2 |" in text
     # rate, rounds held, offered, achieved, ratio, goodput share, goodput req/s
