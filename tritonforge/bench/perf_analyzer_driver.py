@@ -1,8 +1,4 @@
-"""Drive one load level at a Triton model with perf_analyzer over gRPC streaming.
-
-A level is a concurrency (closed loop) or a request rate: Poisson arrivals at that rate
-(``--request-rate-range R:R --request-distribution poisson``), sent whether or not the
-earlier requests have finished (open loop).
+"""Drive one concurrency level at a Triton model with perf_analyzer over gRPC streaming.
 
 perf_analyzer is Triton's own load generator: it speaks the KServe gRPC protocol with
 the decoupled stream, so it measures the server without the HTTP/SSE frontend that the
@@ -66,24 +62,8 @@ def input_data(requests: Sequence[BenchRequest], sampling: Sampling, chat: bool 
     return {"data": entries}
 
 
-def load_flags(concurrency: int | None, request_rate: float | None) -> list[str]:
-    """perf_analyzer's flags for one level: a fixed concurrency or Poisson arrivals at a rate."""
-    if (concurrency is None) == (request_rate is None):
-        raise ValueError("a level is a concurrency or a request rate, exactly one")
-    if request_rate is not None:
-        rate = f"{request_rate:g}"
-        return ["--request-rate-range", f"{rate}:{rate}:1", "--request-distribution", "poisson"]
-    return ["--concurrency-range", f"{concurrency}:{concurrency}"]
-
-
 def perf_analyzer_command(
-    grpc_url: str,
-    model: str,
-    data: Path,
-    export: Path,
-    concurrency: int | None,
-    count: int,
-    request_rate: float | None = None,
+    grpc_url: str, model: str, data: Path, export: Path, concurrency: int, count: int
 ) -> list[str]:
     return [
         str(tool_binary("perf_analyzer")),
@@ -92,7 +72,7 @@ def perf_analyzer_command(
         "-u", grpc_url,
         "--streaming",
         "--input-data", str(data),
-        *load_flags(concurrency, request_rate),
+        "--concurrency-range", f"{concurrency}:{concurrency}",
         "--request-count", str(count),
         "--profile-export-file", str(export),
         # Two cores: latency between windows varies more than the default 10 %
@@ -178,22 +158,18 @@ def run_level(
     requests: Sequence[BenchRequest],
     sampling: Sampling,
     artifacts: Path,
-    concurrency: int | None,
+    concurrency: int,
     max_duration_s: float,
     chat: bool = False,
-    request_rate: float | None = None,
 ) -> list[MeasuredRequest]:
-    """Run perf_analyzer for one level (a concurrency or a rate); ToolError if no records."""
+    """Run perf_analyzer for one level; raise ToolError if it produced no records."""
     artifacts.mkdir(parents=True, exist_ok=True)
     data = artifacts / "input_data.json"
     data.write_text(json.dumps(input_data(requests, sampling, chat)))
     export = artifacts / "profile_export.json"
-    if concurrency is not None:
-        # perf_analyzer refuses fewer requests than concurrency (a short warm-up can be).
-        concurrency = min(concurrency, len(requests))
-    cmd = perf_analyzer_command(
-        grpc_url, model, data, export, concurrency, len(requests), request_rate
-    )
+    # perf_analyzer refuses fewer requests than concurrency (a short warm-up can be).
+    concurrency = min(concurrency, len(requests))
+    cmd = perf_analyzer_command(grpc_url, model, data, export, concurrency, len(requests))
     (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
     run = run_tool(
         "perf_analyzer",
