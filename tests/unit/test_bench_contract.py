@@ -136,13 +136,14 @@ def test_perf_analyzer_is_refused_on_a_non_triton_target() -> None:
 
 
 def test_the_offline_engine_is_refused_for_request_rates() -> None:
-    # perf_analyzer paces request rates itself now; the offline engine has no arrivals.
+    # The offline engine has no arrivals to pace (perf_analyzer: test_bench_openloop.py).
     def mutate(d: dict) -> None:
         d["load"].pop("concurrency")
         d["load"]["request_rates"] = [0.5]
+        d["targets"].pop(1)  # the perf_analyzer target
 
     message = refused(mutate)
-    assert "targets.3.kind" in message and "vllm-offline" in message
+    assert "targets.2.kind" in message and "vllm-offline" in message
     assert "concurrency levels only" in message
 
 

@@ -18,7 +18,6 @@ from tritonforge.bench.contract import (
     parse_contract,
 )
 from tritonforge.bench.metrics import LevelMetrics, MeasuredRequest, summarize
-from tritonforge.bench.perf_analyzer_driver import load_flags
 from tritonforge.bench.results import LevelFailure, TargetResult
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "perf" / "contracts"
@@ -48,7 +47,7 @@ def test_the_capacity_contract_sweeps_rates_on_triton_and_vllms_server() -> None
     assert contract.load.saturation_rule == RULE
     tools = {t.name: (t.kind.value, t.tool) for t in contract.targets}
     assert tools == {
-        "triton-grpc": ("triton", "perf_analyzer"),
+        "triton-http": ("triton", "aiperf"),
         "vllm-openai": ("vllm_openai", "aiperf"),
     }
     assert contract.load.rounds >= 3
@@ -106,16 +105,13 @@ def test_the_offline_engine_is_refused_at_a_request_rate_naming_the_target() -> 
     assert "concurrency levels only" in message
 
 
-def test_perf_analyzer_paces_poisson_arrivals_at_a_rate() -> None:
-    assert load_flags(None, 2.5) == [
-        "--request-rate-range",
-        "2.5:2.5:1",
-        "--request-distribution",
-        "poisson",
-    ]
-    assert load_flags(8, None) == ["--concurrency-range", "8:8"]
-    with pytest.raises(ValueError, match="exactly one"):
-        load_flags(8, 2.5)
+def test_perf_analyzer_is_refused_at_a_request_rate_naming_the_target() -> None:
+    def mutate(d: dict) -> None:
+        d["targets"][0]["tool"] = "perf_analyzer"
+
+    message = refused(mutate)
+    assert "targets.0.tool" in message and "triton-http" in message
+    assert "concurrency levels only" in message and "use tool: aiperf" in message
 
 
 # --- offered vs achieved -----------------------------------------------------------------
@@ -244,7 +240,7 @@ def test_a_sweep_stops_driving_a_target_once_a_rate_broke_in_every_round(tmp_pat
     loads = [LevelLoad(rate, [], tmp_path / "t", tmp_path / "w") for rate in contract.load.levels]
     plan = RunPlan(contract, tmp_path, digest, [], tmp_path, tmp_path, tmp_path, loads, None)
     runner = Runner(plan, Console(file=open(Path(tmp_path) / "log", "w")))  # noqa: SIM115
-    capacity = {"triton-grpc": 3.0, "vllm-openai": 1.0}  # req/s each keeps up with
+    capacity = {"triton-http": 3.0, "vllm-openai": 1.0}  # req/s each keeps up with
     driven: list[tuple[str, float]] = []
 
     def measure(service, target, load, round_, result) -> None:
@@ -259,7 +255,7 @@ def test_a_sweep_stops_driving_a_target_once_a_rate_broke_in_every_round(tmp_pat
     }
     runner.run_rounds(dict.fromkeys(results), list(contract.targets), results)
     rates = {name: sorted({lv for n, lv in driven if n == name}) for name in results}
-    assert rates == {"triton-grpc": [1.0, 2.0, 3.0, 4.0], "vllm-openai": [1.0, 2.0]}
+    assert rates == {"triton-http": [1.0, 2.0, 3.0, 4.0], "vllm-openai": [1.0, 2.0]}
     assert "sweep stopped after 2 req/s" in results["vllm-openai"].notes[0]
 
 
@@ -271,7 +267,7 @@ def capacity_run(noisy: bool = False):
 
     run = run_result(noisy=noisy)
     contract, digest = load_contract(CONTRACTS / "capacity.yaml")
-    a = target_with({1: [OK] * 3, 2: [OK] * 3, 3: [SLOW] * 3}, "triton-grpc")
+    a = target_with({1: [OK] * 3, 2: [OK] * 3, 3: [SLOW] * 3}, "triton-http")
     b = target_with({1: [OK] * 3, 2: [OK, LATE, OK]}, "vllm-openai")
     return run.model_copy(
         update={
@@ -291,11 +287,11 @@ def test_the_report_gives_goodput_per_rate_and_each_targets_saturation_point() -
     text = report.render(capacity_run(), [])
     assert "## Capacity (open loop, Poisson arrivals)" in text
     assert "request-rate sweep (1 +1 up to 5)" in text
-    assert "| triton-grpc | **2 req/s** (broke at 3) | saturated | – |" in text
+    assert "| triton-http | **2 req/s** (broke at 3) | saturated | – |" in text
     assert "| vllm-openai | inconclusive: 1 req/s held, rounds disagree at 2 |" in text
     # rate, rounds held, offered, achieved, ratio, goodput share, goodput req/s
     assert (
-        "| triton-grpc | 3 | 0/3 | 3.00 (3.00–3.00) | 1.80 (1.80–1.80) | 0.60 (0.60–0.60) " in text
+        "| triton-http | 3 | 0/3 | 3.00 (3.00–3.00) | 1.80 (1.80–1.80) | 0.60 (0.60–0.60) " in text
     )
     assert "| 0.60 (0.60–0.60) | 1.00 (1.00–1.00) | 1.80 (1.80–1.80) |" in text  # <= achieved
     assert "| vllm-openai | 2 | 2/3 | 2.00 (2.00–2.00) |" in text

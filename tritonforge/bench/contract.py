@@ -415,6 +415,16 @@ class Contract(Strict):
     def _references(self) -> Contract:
         names = [t.name for t in self.targets]
         for i, target in enumerate(self.targets):
+            if target.tool == "perf_analyzer" and self.load.mode != "concurrency":
+                # Measured (tritonclient 2.51, vllm_model): 20 requests at 1 req/s took
+                # 133 s, 113 s mean latency, and the export held garbage token counts and
+                # stopped at 64 KiB. A figure from that would be the tool's, not Triton's.
+                raise ValueError(
+                    f"targets.{i}.tool: perf_analyzer ({target.name}) runs concurrency levels "
+                    "only: at a request rate over Triton's decoupled gRPC stream it falls "
+                    "behind its own schedule and writes an unreadable export; use tool: "
+                    "aiperf (generate_stream) for request_rates"
+                )
             if target.kind is TargetKind.VLLM_OFFLINE and self.load.mode != "concurrency":
                 raise ValueError(
                     f"targets.{i}.kind: the offline engine ({target.name}) runs closed-loop "

@@ -392,10 +392,9 @@ class Runner:
                 load.requests,
                 contract.sampling,
                 artifacts,
-                concurrency=None if open_loop else int(load.level),
+                concurrency=int(load.level),  # validation keeps it off request rates
                 max_duration_s=contract.load.max_duration_s,
                 chat=target.chat,
-                request_rate=load.level if open_loop else None,
             )
         endpoint = service.endpoint(target, contract.model, contract.sampling)
         return aiperf_driver.run_level(
