@@ -17,7 +17,9 @@ def smoke_data() -> dict:
     return yaml.safe_load((CONTRACTS / "smoke.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["smoke.yaml", "chat-mix.yaml", "engines.yaml", "openai.yaml"])
+@pytest.mark.parametrize(
+    "name", ["smoke.yaml", "chat-mix.yaml", "engines.yaml", "openai.yaml", "capacity.yaml"]
+)
 def test_shipped_contracts_are_valid(name: str) -> None:
     contract, digest = load_contract(CONTRACTS / name)
     assert contract.targets and len(digest) == 64
@@ -133,15 +135,16 @@ def test_perf_analyzer_is_refused_on_a_non_triton_target() -> None:
     assert "targets.2" in message and "triton targets" in message
 
 
-def test_perf_analyzer_is_refused_for_request_rates() -> None:
+def test_the_offline_engine_is_refused_for_request_rates() -> None:
+    # The offline engine has no arrivals to pace (perf_analyzer: test_bench_openloop.py).
     def mutate(d: dict) -> None:
-        d["targets"][0]["tool"] = "perf_analyzer"
-        d["targets"] = d["targets"][:1]
-        d["comparisons"] = []
         d["load"].pop("concurrency")
         d["load"]["request_rates"] = [0.5]
+        d["targets"].pop(1)  # the perf_analyzer target
 
-    assert "targets.0.tool" in refused(mutate)
+    message = refused(mutate)
+    assert "targets.2.kind" in message and "vllm-offline" in message
+    assert "concurrency levels only" in message
 
 
 def test_a_level_that_can_never_fill_its_concurrency_is_refused() -> None:

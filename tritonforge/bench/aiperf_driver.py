@@ -223,6 +223,7 @@ def unrecorded(
             end_ns=end,
             ok=False,
             error="no record: not sent or not finished within max_duration_s",
+            sent=False,
             expected_tokens=q.output_tokens if exact_lengths else None,
         )
         for q in requests

@@ -172,11 +172,82 @@ class Traffic(Strict):
         return self
 
 
+MAX_SWEEP_RATES = 12  # a sweep longer than this is a typo in step or factor, not a plan
+
+
+class RateSweep(Strict):
+    """Request rates from ``start`` up to ``max``: times ``factor`` or plus ``step`` each level."""
+
+    start: float = Field(gt=0, description="the first rate (requests/s)")
+    max: float = Field(gt=0, description="the last rate is the largest one not above this")
+    factor: float | None = Field(default=None, gt=1, description="each rate = previous x factor")
+    step: float | None = Field(default=None, gt=0, description="each rate = previous + step")
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> RateSweep:
+        if (self.factor is None) == (self.step is None):
+            raise ValueError("give exactly one of factor or step")
+        if self.max < self.start:
+            raise ValueError("max must be >= start")
+        if len(self.rates()) > MAX_SWEEP_RATES:
+            raise ValueError(
+                f"{len(self.rates())} rates from {self.start:g} to {self.max:g}: "
+                f"at most {MAX_SWEEP_RATES} (raise factor or step)"
+            )
+        return self
+
+    def rates(self) -> list[float]:
+        """The swept rates, ascending; computed by index so steps never drift."""
+        rates: list[float] = []
+        i = 0
+        while len(rates) <= MAX_SWEEP_RATES:
+            rate = self.start * self.factor**i if self.factor else self.start + i * (self.step or 0)
+            if rate > self.max * (1 + 1e-9):
+                break
+            rates.append(round(rate, 3))
+            i += 1
+        return rates
+
+
+class SweepSpec(Strict):
+    """``request_rates: {sweep: {start, factor | step, max}}``."""
+
+    sweep: RateSweep
+
+
+class Saturation(Strict):
+    """When a round at a request rate counts as keeping up (see saturation.py for the rule)."""
+
+    min_goodput_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="a round holds only if at least this share of its requests finished "
+        "within both SLO bounds",
+    )
+    min_achieved_ratio: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="a round holds only if completions per second kept up with arrivals "
+        "per second to at least this ratio",
+    )
+
+
 class Load(Strict):
-    """Closed-loop concurrency levels or open-loop request rates (exactly one)."""
+    """Closed-loop concurrency levels or open-loop request rates (exactly one).
+
+    ``request_rates`` is a list of rates or ``{sweep: {start, factor | step, max}}``. A
+    sweep stops raising the rate for a target once a rate *broke* in every round (the
+    target is saturated; see :mod:`tritonforge.bench.saturation`), and ends when every
+    target has stopped. ``saturation`` sets the rule; it applies to request rates only.
+    """
 
     concurrency: list[Annotated[int, Field(ge=1)]] | None = None
-    request_rates: list[Annotated[float, Field(gt=0)]] | None = None
+    request_rates: list[Annotated[float, Field(gt=0)]] | SweepSpec | None = None
+    saturation: Saturation | None = Field(
+        default=None, description="the saturation rule (request rates only; defaults apply)"
+    )
     requests_per_level: int = Field(ge=1, description="measured requests at each level")
     requests_per_concurrency: int = Field(
         default=0,
@@ -215,7 +286,14 @@ class Load(Strict):
     def _one_mode(self) -> Load:
         if (self.concurrency is None) == (self.request_rates is None):
             raise ValueError("give exactly one of concurrency or request_rates")
-        levels = self.concurrency or self.request_rates or []
+        levels = self.levels
+        if self.concurrency is not None and self.saturation is not None:
+            raise ValueError("saturation applies to request_rates, not concurrency levels")
+        if self.request_rates is not None and self.requests_per_level < 2:
+            raise ValueError(
+                "a request rate needs requests_per_level >= 2 (arrival and completion rates "
+                "are measured between requests)"
+            )
         if not levels:
             raise ValueError("the load needs at least one level")
         if len(set(levels)) != len(levels):
@@ -240,7 +318,22 @@ class Load(Strict):
 
     @property
     def levels(self) -> list[float]:
+        """Every level the contract may run, ascending for a sweep."""
+        if isinstance(self.request_rates, SweepSpec):
+            return self.request_rates.sweep.rates()
         return [float(x) for x in (self.concurrency or self.request_rates or [])]
+
+    @property
+    def sweep(self) -> bool:
+        """True when the rates are a sweep: a saturated target stops being raised."""
+        return isinstance(self.request_rates, SweepSpec)
+
+    @property
+    def saturation_rule(self) -> Saturation | None:
+        """The saturation rule of a request-rate load (defaults if unset); None for concurrency."""
+        if self.mode != "request_rate":
+            return None
+        return self.saturation or Saturation()
 
 
 class Sampling(Strict):
@@ -332,7 +425,21 @@ class Contract(Strict):
         names = [t.name for t in self.targets]
         for i, target in enumerate(self.targets):
             if target.tool == "perf_analyzer" and self.load.mode != "concurrency":
-                raise ValueError(f"targets.{i}.tool: perf_analyzer runs concurrency levels only")
+                # Measured (tritonclient 2.51, vllm_model): 20 requests at 1 req/s took
+                # 133 s, 113 s mean latency, and the export held garbage token counts and
+                # stopped at 64 KiB. A figure from that would be the tool's, not Triton's.
+                raise ValueError(
+                    f"targets.{i}.tool: perf_analyzer ({target.name}) runs concurrency levels "
+                    "only: at a request rate over Triton's decoupled gRPC stream it falls "
+                    "behind its own schedule and writes an unreadable export; use tool: "
+                    "aiperf (generate_stream) for request_rates"
+                )
+            if target.kind is TargetKind.VLLM_OFFLINE and self.load.mode != "concurrency":
+                raise ValueError(
+                    f"targets.{i}.kind: the offline engine ({target.name}) runs closed-loop "
+                    "concurrency levels only: it has no arrivals to pace, so request_rates "
+                    "need a served target (triton, openai, vllm_openai)"
+                )
         if len(set(names)) != len(names):
             raise ValueError(f"target names must be unique, got {names}")
         for i, comparison in enumerate(self.comparisons):

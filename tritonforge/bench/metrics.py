@@ -21,6 +21,13 @@ Definitions (all per measured level):
 - goodput: finished requests with TTFT ≤ SLO TTFT and TPOT ≤ SLO TPOT, per second;
   ``goodput_share`` is the same count over all requests. Short and failed requests
   never count toward it, and both count against the error budget.
+- offered req/s (open loop): arrivals per second as sent, (sent - 1) / (last start -
+  first start) — the Poisson draw's own rate, not the contract's nominal one.
+- achieved req/s (open loop): completions per second, (finished - 1) / (last finished
+  end - first finished end). Both are measured *between* requests, so a short level's
+  tail (the last request's latency) does not read as a shortfall: while the server keeps
+  up, completions follow arrivals shifted by the latency and achieved ≈ offered; once
+  it saturates, the queue grows and completions spread out behind the arrivals.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class MeasuredRequest:
     error: str | None = None
     expected_tokens: int | None = None  # what the request forced (ignore_eos), else None
     finish_reason: str | None = None  # as the server said it, where the tool records it
+    sent: bool = True  # False: the tool has no record of sending it (start_ns is not real)
 
     @property
     def state(self) -> EndState:
@@ -118,6 +126,8 @@ class LevelMetrics(BaseModel):
     goodput_rps: float
     goodput_share: float
     slo_met: bool
+    offered_rps: float | None = None  # arrivals/s between the first and last request sent
+    achieved_rps: float | None = None  # completions/s between the first and last finished
     error_samples: list[str] = []
     noise: NoiseSample | None = None  # the machine around this round (runner fills it)
 
@@ -148,6 +158,17 @@ def describe_end(record: MeasuredRequest) -> str | None:
         asked = f" of {record.expected_tokens}" if record.expected_tokens is not None else ""
         return f"short: {record.output_tokens}{asked} tokens arrived"
     return None
+
+
+def rate_between(stamps_ns: Sequence[int]) -> float | None:
+    """Events per second between the first and the last: (n - 1) / span; None below two.
+
+    Zero span (two events in the same nanosecond) is no measurable rate either.
+    """
+    if len(stamps_ns) < 2:
+        return None
+    span_s = (max(stamps_ns) - min(stamps_ns)) / 1e9
+    return (len(stamps_ns) - 1) / span_s if span_s > 0 else None
 
 
 def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> LevelMetrics:
@@ -196,5 +217,10 @@ def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> Lev
         goodput_rps=good / duration_s,
         goodput_share=good / len(records),
         slo_met=slo_met,
+        offered_rps=rate_between([r.start_ns for r in records if r.sent]),
+        # Fewer than two finished of two or more sent: nothing kept up (0), not unknown.
+        achieved_rps=rate_between([r.end_ns for r in finished])
+        if len(finished) >= 2
+        else (0.0 if len(records) >= 2 else None),
         error_samples=samples,
     )

@@ -10,9 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonforge.bench.contract import Load
 from tritonforge.bench.environment import Environment, describe_machine
 from tritonforge.bench.metrics import LevelMetrics
-from tritonforge.bench.results import ComparisonResult, RunResult, Spread, TargetResult, spread
+from tritonforge.bench.results import (
+    ComparisonResult,
+    RunResult,
+    SaturationResult,
+    Spread,
+    TargetResult,
+    spread,
+)
 from tritonforge.bench.server_metrics import per_request_ms
 
 PLOTS = (
@@ -81,7 +89,49 @@ def plot(result: RunResult, out_dir: Path) -> list[Path]:
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
+    if result.saturation:
+        paths.append(plot_capacity(result, out_dir))
     return paths
+
+
+def plot_capacity(result: RunResult, out_dir: Path) -> Path:
+    """Goodput (and achieved rate) against the nominal offered rate, one colour per target."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    top = max((lv.rate for s in result.saturation for lv in s.levels), default=1.0)
+    ax.plot([0, top], [0, top], color="grey", linestyle=":", linewidth=1, label="offered")
+    for sat in result.saturation:
+        points = [(lv.rate, lv.goodput_rps) for lv in sat.levels if lv.goodput_rps is not None]
+        if not points:
+            continue
+        xs = [rate for rate, _ in points]
+        ys = [sp.median for _, sp in points]
+        bars = [[sp.median - sp.min for _, sp in points], [sp.max - sp.median for _, sp in points]]
+        line = ax.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=f"{sat.target} goodput")
+        achieved = [(lv.rate, lv.achieved_rps) for lv in sat.levels if lv.achieved_rps]
+        ax.plot(
+            [rate for rate, _ in achieved],
+            [sp.median for _, sp in achieved],
+            linestyle="--",
+            color=line[0].get_color(),
+            alpha=0.6,
+            label=f"{sat.target} achieved",
+        )
+        if sat.point is not None and sat.status == "saturated":
+            ax.axvline(sat.point, color=line[0].get_color(), linestyle=":", alpha=0.8)
+    ax.set_xlabel("offered request rate (req/s, Poisson; median of rounds, bars: min–max)")
+    ax.set_ylabel("req/s")
+    ax.set_title(f"Goodput vs offered rate — {result.contract_name}")
+    ax.grid(True, alpha=0.3)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / "goodput_vs_rate.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _level_row(target: TargetResult, level: float) -> str:
@@ -192,7 +242,13 @@ def _contract_summary(result: RunResult) -> list[str]:
     """Title, then what was asked: the contract, its SLO, load and traffic."""
     c = result.contract
     slo, load, traffic = c["slo"], c["load"], c["traffic"]
-    levels = load["concurrency"] or load["request_rates"]
+    levels = Load.model_validate(load).levels
+    if isinstance(load.get("request_rates"), dict):  # a sweep: say how it was built
+        sweep = load["request_rates"]["sweep"]
+        how = f"x{sweep['factor']:g}" if sweep.get("factor") else f"+{sweep['step']:g}"
+        mode = f"request-rate sweep ({sweep['start']:g} {how} up to {sweep['max']:g}):"
+    else:
+        mode = result.load_mode
     return [
         f"# Benchmark report: `{result.contract_name}`",
         "",
@@ -201,10 +257,15 @@ def _contract_summary(result: RunResult) -> list[str]:
         + f". Run {result.started_at} → {result.finished_at}.",
         "",
         f"SLO: TTFT p95 ≤ {slo['ttft_p95_ms']:g} ms, TPOT p95 ≤ {slo['tpot_p95_ms']:g} ms, "
-        f"errors ≤ {slo['error_budget']:.1%}. Load: {result.load_mode} "
-        f"{', '.join(f'{lv:g}' for lv in levels)}, {load['requests_per_level']} requests "
-        f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
-        f"concurrency) after {load['warmup_requests']} warm-up; each level of each target "
+        f"errors ≤ {slo['error_budget']:.1%}. Load: {mode} "
+        f"{', '.join(f'{lv:g}' for lv in levels)}; {load['requests_per_level']} requests "
+        + (
+            f"per level (at least {load.get('requests_per_concurrency', 0)} per unit of "
+            "concurrency)"
+            if result.load_mode == "concurrency"
+            else "per rate"
+        )
+        + f" after {load['warmup_requests']} warm-up; each level of each target "
         f"in {result.rounds} interleaved round(s), the targets' order rotated per round.",
         "",
         "Traffic: "
@@ -284,6 +345,70 @@ def _noise(result: RunResult) -> list[str]:
     return [*out, ""]
 
 
+def _point(sat: SaturationResult) -> str:
+    """The saturation point as a reader needs it: a rate, a bound, or a hedge."""
+    nxt = f"{sat.next_rate:g}" if sat.next_rate is not None else "–"
+    if sat.status == "saturated":
+        return f"**{sat.point:g} req/s** (broke at {nxt})"
+    if sat.status == "below the lowest rate":
+        return f"below {nxt} req/s (the lowest rate broke)"
+    if sat.status == "not reached":
+        return f"≥ {sat.point:g} req/s (every rate held)"
+    if sat.status == "inconclusive":
+        held = f"{sat.point:g} req/s held" if sat.point is not None else "no rate held"
+        return f"inconclusive: {held}, rounds disagree at {nxt}"
+    return "no data"
+
+
+def _capacity(result: RunResult) -> list[str]:
+    """Open loop: the saturation point per target, then goodput per offered rate."""
+    if not result.saturation:
+        return []
+    rule = result.saturation[0]
+    out = [
+        "## Capacity (open loop, Poisson arrivals)",
+        "",
+        f"A round *holds* when its goodput share is ≥ {rule.min_goodput_share:.0%} and its "
+        f"achieved rate is ≥ {rule.min_achieved_ratio:.0%} of its offered rate; a rate "
+        "*held* when every round held, *broke* when none did, is *inconclusive* when they "
+        "disagree. The saturation point is the highest rate that held with every rate "
+        "below it (perf/README.md, tritonforge/bench/saturation.py).",
+        "",
+        *(
+            ["**This run was noisy: the points are measurements, not verdicts.**", ""]
+            if result.noisy
+            else []
+        ),
+        "| target | saturation point | status | note |",
+        "|---|---|---|---|",
+    ]
+    for sat in result.saturation:
+        out.append(f"| {sat.target} | {_point(sat)} | {sat.status} | {sat.caveat or '–'} |")
+    out += [
+        "",
+        "### Goodput vs offered rate",
+        "",
+        "Offered = arrivals/s as sent, achieved = completions/s, both between the first and "
+        "last request of the round; goodput = achieved × (within SLO / finished). Medians "
+        "over the "
+        "rounds (min–max).",
+        "",
+        "| target | rate | rounds held | offered req/s | achieved req/s | achieved / offered "
+        "| goodput share | goodput req/s | TTFT p95 (ms) | TPOT p95 (ms) | state |",
+        "|---|---:|:-:|---|---|---|---|---|---|---|---|",
+    ]
+    for sat in result.saturation:
+        for lv in sat.levels:
+            out.append(
+                f"| {sat.target} | {lv.rate:g} | {lv.held}/{lv.rounds} "
+                f"| {_spread(lv.offered_rps, 2)} | {_spread(lv.achieved_rps, 2)} "
+                f"| {_spread(lv.achieved_ratio, 2)} | {_spread(lv.goodput_share, 2)} "
+                f"| {_spread(lv.goodput_rps, 2)} | {_spread(lv.ttft_p95_ms, 0)} "
+                f"| {_spread(lv.tpot_p95_ms)} | {lv.state} |"
+            )
+    return [*out, ""]
+
+
 def _analysis(result: RunResult) -> list[str]:
     """The comparisons the contract asks for and the server-side time breakdown, if any."""
     out: list[str] = []
@@ -314,6 +439,7 @@ def render(result: RunResult, plots: list[Path]) -> str:
     out = [*_contract_summary(result), *_setup(result.environment), "## Targets", ""]
     for target in result.targets:
         out += _target_section(target, result.load_mode)
+    out += _capacity(result)
     out += _analysis(result)
     out += _noise(result)
     out += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]

@@ -11,6 +11,9 @@ spread of the per-round figures, never one number:
   contract's share of the CPU), when fewer than :data:`MIN_ROUNDS` rounds pair up, or
   when one side did not run interleaved with the other (the offline ceiling).
 
+A request-rate run also records each target's saturation point
+(:mod:`tritonforge.bench.saturation`).
+
 Comparisons are recorded, never asserted: a benchmark on a shared two-core machine is
 evidence for a decision, not a pass/fail test.
 """
@@ -106,6 +109,41 @@ class ComparisonResult(BaseModel):
     ttft_verdict: Verdict | None = None
 
 
+LevelState = Literal["held", "broke", "inconclusive"]
+SaturationStatus = Literal[
+    "saturated", "below the lowest rate", "inconclusive", "not reached", "no data"
+]
+
+
+class RateLevel(BaseModel):
+    """One target at one request rate, over its rounds."""
+
+    rate: float  # the contract's nominal rate
+    rounds: int  # rounds that ran or were meant to (a failed round did not hold)
+    held: int  # rounds that held
+    state: LevelState
+    offered_rps: Spread | None = None
+    achieved_rps: Spread | None = None
+    achieved_ratio: Spread | None = None
+    goodput_share: Spread | None = None
+    goodput_rps: Spread | None = None  # achieved req/s x good / finished, per round
+    ttft_p95_ms: Spread | None = None
+    tpot_p95_ms: Spread | None = None
+
+
+class SaturationResult(BaseModel):
+    """Where one target stopped keeping up, by the rule in :mod:`tritonforge.bench.saturation`."""
+
+    target: str
+    status: SaturationStatus
+    point: float | None = None  # highest rate that held, with every rate below it
+    next_rate: float | None = None  # the first rate that did not hold
+    caveat: str | None = None  # why the point is not a verdict (noisy, too few rounds)
+    min_goodput_share: float
+    min_achieved_ratio: float
+    levels: list[RateLevel] = []
+
+
 class RunResult(BaseModel):
     contract_name: str
     contract_path: str
@@ -122,6 +160,7 @@ class RunResult(BaseModel):
     max_foreign_cpu_share: float | None = None
     noisy: bool = False  # some round saw more foreign CPU than allowed: no verdicts
     noisiest_round: str | None = None  # where the most foreign CPU was seen, and how much
+    saturation: list[SaturationResult] = []  # per target, request-rate runs only
 
     def target(self, name: str) -> TargetResult | None:
         return next((t for t in self.targets if t.name == name), None)

@@ -29,7 +29,7 @@ from typing import TypeVar
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tritonforge.bench import aiperf_driver, perf_analyzer_driver, server_metrics
+from tritonforge.bench import aiperf_driver, perf_analyzer_driver, saturation, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
 from tritonforge.bench.environment import Environment, capture, tritonserver_version
 from tritonforge.bench.metrics import MeasuredRequest, summarize
@@ -303,15 +303,46 @@ class Runner:
     def run_rounds(
         self, services: dict[str, Service], targets: list[Target], results: dict[str, TargetResult]
     ) -> None:
-        """Level by level, ``rounds`` times, the targets' order rotated each round."""
-        rounds = self.plan.contract.load.rounds
+        """Level by level, ``rounds`` times, the targets' order rotated each round.
+
+        In a request-rate sweep a target whose rate broke in every round is saturated:
+        it is not driven at the higher rates, and the sweep ends when no target is left.
+        """
+        load_spec = self.plan.contract.load
+        rounds = load_spec.rounds
+        active = list(targets)
         for load in self.plan.levels:
+            skipped = len(targets) - len(active)
+            if skipped:  # saturated targets are not raised: their steps are done
+                self.step(f"{load.level:g}: {skipped} saturated", advance=rounds * skipped)
+            if not active:
+                continue
             for round_ in range(rounds):
-                for target in rotated(targets, round_):
+                for target in rotated(active, round_):
                     service, result = services[target.name], results[target.name]
                     self.measure_quietly(service, target, load, round_, result)
             if self.on_level_done is not None:
                 self.on_level_done([results[t.name] for t in targets])
+            if load_spec.sweep and load_spec.saturation_rule is not None:
+                active = self.still_rising(active, load.level, results)
+
+    def still_rising(
+        self, active: list[Target], rate: float, results: dict[str, TargetResult]
+    ) -> list[Target]:
+        """The targets a sweep keeps raising: those whose ``rate`` did not break in every round."""
+        rule = self.plan.contract.load.saturation_rule
+        assert rule is not None
+        rising = []
+        for target in active:
+            result = results[target.name]
+            if saturation.rate_level(result, rate, rule).state == "broke":
+                result.notes.append(
+                    f"sweep stopped after {rate:g} req/s: no round held there (saturated)"
+                )
+                self.say(f"[yellow]{target.name} saturated at {rate:g} req/s: sweep stops[/]")
+            else:
+                rising.append(target)
+        return rising
 
     def measure(
         self,
@@ -396,6 +427,8 @@ class Runner:
         """One level (or the warm-up) with the target's tool; ToolError if it yields nothing."""
         contract = self.plan.contract
         warmup = load is self.plan.warmup
+        # The warm-up is always a closed loop: it only has to reach every code path once.
+        open_loop = contract.load.mode == "request_rate" and not warmup
         if target.tool == "perf_analyzer":
             if not isinstance(service, TritonService):
                 raise ToolError("perf_analyzer needs a Triton target")
@@ -405,7 +438,7 @@ class Runner:
                 load.requests,
                 contract.sampling,
                 artifacts,
-                concurrency=int(load.level),
+                concurrency=int(load.level),  # validation keeps it off request rates
                 max_duration_s=contract.load.max_duration_s,
                 chat=target.chat,
             )
@@ -416,7 +449,7 @@ class Runner:
             load.trace,
             artifacts,
             tokenizer=self.plan.model_dir,
-            mode="concurrency" if warmup else contract.load.mode,
+            mode="request_rate" if open_loop else "concurrency",
             level=load.level,
             max_duration_s=contract.load.max_duration_s,
             seed=contract.seed,
@@ -611,6 +644,16 @@ def write_results(
             spec, by_name[spec.target], by_name[spec.baseline], load.levels, noisy=noisy
         )
     ]
+    rule = load.saturation_rule
+    saturation_points = (
+        []
+        if rule is None
+        else [
+            saturation.assess(t, rule, load.rounds, noisy=noisy)
+            for t in targets
+            if t.levels or t.failed_levels
+        ]
+    )
     try:
         shown_path = str(plan.contract_path.resolve().relative_to(REPO_ROOT))
     except ValueError:
@@ -630,6 +673,7 @@ def write_results(
         rounds=load.rounds,
         max_foreign_cpu_share=load.max_foreign_cpu_share,
         noisy=noisy,
+        saturation=saturation_points,
         noisiest_round=None
         if noisiest is None
         else f"{noisiest[1]}: {noisiest[0]:.1%} of the machine used by other processes",
