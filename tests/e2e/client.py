@@ -218,3 +218,14 @@ def run_reference(
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, done.stderr[-3000:]
     return json.loads(lines[0][len("RESULT") :])
+
+
+def model_ready(server: Any, model: str) -> bool:
+    """Whether ``model`` is loaded and ready on ``server`` (False if it cannot be asked)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return client.is_model_ready(model)
+    except Exception:
+        return False
+    finally:
+        client.close()

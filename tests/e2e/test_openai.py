@@ -19,7 +19,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import llm_inputs, metric, stream, wait_for
+from tests.e2e.client import llm_inputs, metric, model_ready, stream, wait_for
 from tritonforge.launcher import OpenAIFrontend, TritonServer
 
 pytestmark = pytest.mark.server
@@ -42,28 +42,6 @@ COUNTS = {"return_finish_reason": True, "return_num_input_tokens": True}
 COUNTS |= {"return_num_output_tokens": True}
 
 
-def _loaded(server: TritonServer, model: str) -> bool:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        return client.is_model_ready(model)
-    except Exception:
-        return False
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="module")
-def frontend(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("openai") / "openai.log"
-    service = OpenAIFrontend.on_free_port(triton_server.grpc_url, log_path=log)
-    service.start()
-    try:
-        service.wait_ready()
-        yield service
-    finally:
-        service.stop()
-
-
 @pytest.fixture(scope="module")
 def client(frontend: OpenAIFrontend) -> openai.OpenAI:
     return openai.OpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0, timeout=300)
@@ -71,7 +49,7 @@ def client(frontend: OpenAIFrontend) -> openai.OpenAI:
 
 @pytest.fixture(scope="module", params=list(ENGINES))
 def model(request, triton_server) -> str:
-    if not _loaded(triton_server, request.param):
+    if not model_ready(triton_server, request.param):
         pytest.skip(f"{request.param} is not loaded on this machine")
     return request.param
 
@@ -112,7 +90,7 @@ def counts_of(expected: dict) -> dict:
 def test_models_lists_the_ready_llm_models_only(client, triton_server, frontend) -> None:
     ids = {m.id for m in client.models.list()}
     for name in (*ENGINES, "ensemble_vllm", "guarded_chat"):
-        assert (name in ids) == _loaded(triton_server, name), (name, ids)
+        assert (name in ids) == model_ready(triton_server, name), (name, ids)
     assert not ids & {"guard", "preprocessing", "postprocessing"}  # text models, not LLMs
     assert httpx.get(frontend.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
 
@@ -314,7 +292,7 @@ def test_malformed_bodies_are_400_never_500(frontend) -> None:
 
 def test_a_full_queue_is_a_503(frontend, triton_server) -> None:
     # llama.cpp runs one sequence and queues max_inflight (8) requests: a ninth is refused.
-    if not _loaded(triton_server, "llamacpp_model"):
+    if not model_ready(triton_server, "llamacpp_model"):
         pytest.skip("llamacpp_model is not loaded on this machine")
     body = {"model": "llamacpp_model", "prompt": PROMPT, "max_tokens": 48, "ignore_eos": True}
 
@@ -369,7 +347,7 @@ def test_a_client_that_disconnects_cancels_the_engine_request(
 
 
 def test_sixteen_concurrent_streams(frontend, triton_server) -> None:
-    if not _loaded(triton_server, "vllm_model"):
+    if not model_ready(triton_server, "vllm_model"):
         pytest.skip("vllm_model is not loaded on this machine")
     client = openai.AsyncOpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0)
 
@@ -408,7 +386,7 @@ def test_sixteen_concurrent_streams(frontend, triton_server) -> None:
 
 
 def test_pipelines_answer_through_the_same_api(client, triton_server) -> None:
-    if _loaded(triton_server, "ensemble_vllm"):
+    if model_ready(triton_server, "ensemble_vllm"):
         answer = client.completions.create(
             model="ensemble_vllm", prompt=PROMPT, temperature=0, max_tokens=8
         )
@@ -417,7 +395,7 @@ def test_pipelines_answer_through_the_same_api(client, triton_server) -> None:
         assert usage_of(answer.usage) == counts_of(expected)
         with pytest.raises(openai.BadRequestError, match="no `messages` input"):
             client.chat.completions.create(model="ensemble_vllm", messages=CHAT, max_tokens=4)
-    if _loaded(triton_server, "guarded_chat"):
+    if model_ready(triton_server, "guarded_chat"):
         sampling = {"temperature": 0, "max_tokens": 12}
         answer = client.chat.completions.create(model="guarded_chat", messages=CHAT, **sampling)
         expected = direct_chat(triton_server, "vllm_model", sampling)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import OWN_SERVER_MODELS
+from tests.e2e.client import model_ready
 from tests.e2e.readme_examples import Addresses, Block, Curl, blocks, models, run_block, run_curl
 from tritonforge.launcher import OpenAIFrontend, TritonServer, example_request
 
@@ -49,30 +50,6 @@ def test_every_readme_block_is_run_or_excluded_with_a_reason() -> None:
     assert len(HERE) >= 5, [b.id for b in HERE]  # the extraction itself still finds examples
 
 
-def _loaded(server: TritonServer, model: str) -> bool:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        return client.is_model_ready(model)
-    except Exception:
-        return False
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="module")
-def frontend(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("openai") / "openai.log"
-    service = OpenAIFrontend.on_free_port(triton_server.grpc_url, log_path=log)
-    service.start()
-    try:
-        service.wait_ready()
-        yield service
-    finally:
-        service.stop()
-
-
 @pytest.fixture(scope="module")
 def addresses(triton_server: TritonServer, frontend: OpenAIFrontend) -> Addresses:
     openai = frontend.base_url.removeprefix("http://").removesuffix("/v1")
@@ -81,7 +58,7 @@ def addresses(triton_server: TritonServer, frontend: OpenAIFrontend) -> Addresse
 
 @pytest.mark.parametrize("block", HERE, ids=[b.id for b in HERE])
 def test_readme_example_answers(block: Block, triton_server, addresses: Addresses) -> None:
-    missing = [m for m in sorted(models(block)) if not _loaded(triton_server, m)]
+    missing = [m for m in sorted(models(block)) if not model_ready(triton_server, m)]
     if missing:
         pytest.skip(f"{block.id} needs {missing}, not loaded on this server")
     run_block(block, addresses)
