@@ -130,9 +130,16 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
         load_contract(path)
 
 
-def test_perf_analyzer_is_refused_on_a_non_triton_target() -> None:
+def test_perf_analyzer_on_an_openai_server_needs_chat_and_never_drives_the_offline_engine() -> None:
+    # Its OpenAI client speaks only /v1/chat/completions: a text target would be refused
+    # by the tool mid-run, so the contract refuses it first, naming the rule.
     message = refused(lambda d: d["targets"][2].update(tool="perf_analyzer"))
-    assert "targets.2" in message and "triton targets" in message
+    assert "targets.2" in message and "chat: true" in message
+    message = refused(lambda d: d["targets"][3].update(tool="perf_analyzer"))
+    assert "targets.3" in message and "offline engine" in message
+    data = copy.deepcopy(smoke_data())
+    data["targets"][2].update(tool="perf_analyzer", chat=True)
+    assert parse_contract(data, "test.yaml").targets[2].tool == "perf_analyzer"
 
 
 def test_the_offline_engine_is_refused_for_request_rates() -> None:
@@ -162,9 +169,10 @@ def test_the_openai_contract_matches_issue_12s_benchmark() -> None:
     assert contract.load.concurrency == [1, 8, 32] and contract.load.rounds >= 3
     kinds = {t.name: (t.kind.value, t.tool, t.chat) for t in contract.targets}
     assert kinds == {
-        "openai-frontend": ("openai", "aiperf", True),
+        # One client (perf_analyzer) on every side, so a TTFT gap is the servers'.
+        "openai-frontend": ("openai", "perf_analyzer", True),
         "triton-grpc": ("triton", "perf_analyzer", True),
-        "vllm-openai": ("vllm_openai", "aiperf", True),
+        "vllm-openai": ("vllm_openai", "perf_analyzer", True),
     }
     assert contract.sampling.ignore_eos and contract.sampling.temperature == 0
     (cls,) = contract.traffic.classes

@@ -16,7 +16,7 @@ import pytest
 from tritonforge.bench.aiperf_driver import arrived_counts, parse_records
 from tritonforge.bench.contract import Slo
 from tritonforge.bench.metrics import summarize
-from tritonforge.bench.perf_analyzer_driver import parse_export
+from tritonforge.bench.perf_analyzer_driver import parse_export, parse_openai_export
 from tritonforge.bench.tools import ToolError, ToolRun, read_records
 from tritonforge.bench.workload import BenchRequest
 
@@ -163,3 +163,56 @@ def test_without_forced_lengths_only_an_empty_answer_is_short(tmp_path: Path) ->
         (None, "short"),
         (None, "finished"),
     ]
+
+
+OPENAI_EXPORTS = [
+    "perf_analyzer_openai_frontend_chat.json",  # python -m tritonforge.openai
+    "perf_analyzer_vllm_openai_chat.json",  # vLLM's own server (stream ends with usage)
+]
+
+
+@pytest.mark.parametrize("name", OPENAI_EXPORTS)
+def test_perf_analyzer_on_an_openai_server_counts_the_streams_usage(name: str) -> None:
+    records = parse_openai_export(EXPORTS / name, REQUESTS, exact_lengths=True)
+    assert sorted(r.index for r in records) == [0, 1, 2]  # matched by the user turn
+    for item, r in zip(
+        perf_analyzer_export(name)["experiments"][0]["requests"], records, strict=True
+    ):
+        assert (r.output_tokens, r.state, r.finish_reason) == (8, "finished", "length")
+        # First token = the first piece with text: not the role-only chunk, which may come
+        # earlier, and the gaps are between the 8 text pieces only.
+        assert r.ttft_ms is not None and r.ttft_ms > 0 and len(r.chunk_gaps_ms) == 7
+        assert r.ttft_ms >= (item["response_timestamps"][0] - item["timestamp"]) / 1e6
+    m = summarize(2, records, SLO)
+    assert (m.output_tokens, m.expected_tokens, m.short, m.errors) == (24, 24, 0, 0)
+
+
+def test_an_openai_stream_that_reports_fewer_tokens_is_short(tmp_path: Path) -> None:
+    data = perf_analyzer_export("perf_analyzer_vllm_openai_chat.json")
+    item = data["experiments"][0]["requests"][1]
+    for output in item["response_outputs"]:
+        output["response"] = output["response"].replace(
+            '"completion_tokens":8', '"completion_tokens":5'
+        )
+    records = parse_openai_export(write(tmp_path, data, "e.json"), REQUESTS, exact_lengths=True)
+    assert sorted((r.output_tokens, r.state) for r in records)[0] == (5, "short")
+    assert summarize(2, records, SLO).output_tokens == 21
+
+
+def test_an_openai_stream_without_usage_is_an_error_and_credits_no_tokens(
+    tmp_path: Path,
+) -> None:
+    data = perf_analyzer_export("perf_analyzer_openai_frontend_chat.json")
+    item = data["experiments"][0]["requests"][0]
+    kept = [
+        (t, o)
+        for t, o in zip(item["response_timestamps"], item["response_outputs"], strict=True)
+        if '"completion_tokens"' not in o["response"]
+    ]
+    assert len(kept) == len(item["response_outputs"]) - 1  # exactly the usage chunk went
+    item["response_timestamps"], item["response_outputs"] = map(list, zip(*kept, strict=True))
+    records = parse_openai_export(write(tmp_path, data, "e.json"), REQUESTS, exact_lengths=True)
+    broken = next(r for r in records if not r.ok)
+    assert (broken.output_tokens, broken.error) == (0, "the stream ended without usage")
+    m = summarize(2, records, SLO)
+    assert (m.output_tokens, m.errors) == (16, 1) and not m.slo_met

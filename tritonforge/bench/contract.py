@@ -369,7 +369,9 @@ class Target(Strict):
     )
     tool: Literal["aiperf", "perf_analyzer"] = Field(
         default="aiperf",
-        description="aiperf (HTTP, every kind) or perf_analyzer (gRPC stream, triton only)",
+        description="aiperf (HTTP, every served kind) or perf_analyzer (triton: the gRPC "
+        "stream; openai / vllm_openai with chat: streamed chat completions), so one client "
+        "can drive every side of a protocol comparison",
     )
     chat: bool = Field(
         default=False,
@@ -382,8 +384,13 @@ class Target(Strict):
     def _fields_for_kind(self) -> Target:
         if self.kind in (TargetKind.TRITON, TargetKind.OPENAI) and not self.model:
             raise ValueError(f"the {self.kind.value} target needs model (the Triton model name)")
-        if self.tool == "perf_analyzer" and self.kind is not TargetKind.TRITON:
-            raise ValueError("perf_analyzer speaks Triton's protocol: use it on triton targets")
+        if self.tool == "perf_analyzer" and self.kind is TargetKind.VLLM_OFFLINE:
+            raise ValueError("perf_analyzer drives a server: the offline engine has none")
+        if self.tool == "perf_analyzer" and self.kind is not TargetKind.TRITON and not self.chat:
+            raise ValueError(
+                f"perf_analyzer on a {self.kind.value} target needs chat: true "
+                "(its OpenAI client speaks only /v1/chat/completions)"
+            )
         if self.chat and self.kind is TargetKind.VLLM_OFFLINE:
             raise ValueError("the offline engine takes raw prompts: chat is for served targets")
         if self.chat and self.kind is TargetKind.TRITON and self.tool == "aiperf":

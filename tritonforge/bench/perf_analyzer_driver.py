@@ -1,4 +1,4 @@
-"""Drive one concurrency level at a Triton model with perf_analyzer over gRPC streaming.
+"""Drive one concurrency level with perf_analyzer: Triton's gRPC stream, or an OpenAI server.
 
 perf_analyzer is Triton's own load generator: it speaks the KServe gRPC protocol with
 the decoupled stream, so it measures the server without the HTTP/SSE frontend that the
@@ -6,19 +6,27 @@ aiperf path goes through. The level's requests become perf_analyzer input data (
 entry per request, in order); ``--request-count`` bounds the run exactly, and the
 profile export's per-request timestamps are reduced to the same records as aiperf's.
 
-Tokens are counted as they arrived: every request asks the model for
+Its ``openai`` service kind sends the same requests as streamed chat completions to an
+OpenAI server (this project's frontend, vLLM's own). A comparison of protocols then has
+one client on every side: the same C++ process, threads and clock, so a TTFT difference
+of a few milliseconds belongs to the servers, not to two load tools of different weight.
+
+Tokens are counted as they arrived: over gRPC every request asks the model for
 ``num_output_tokens`` (the tokens each streamed response carries) and the export's
-values are summed per request; an export without them is unreadable, not guessed.
+values are summed per request; an export without them is unreadable, not guessed. Over
+OpenAI each stream asks for ``usage`` (``stream_options.include_usage``) and its
+``completion_tokens`` is the count; a stream that ended without it is an error.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling
 from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
@@ -65,12 +73,29 @@ def input_data(requests: Sequence[BenchRequest], sampling: Sampling, chat: bool 
 def perf_analyzer_command(
     grpc_url: str, model: str, data: Path, export: Path, concurrency: int, count: int
 ) -> list[str]:
+    """Triton's KServe gRPC stream (decoupled model)."""
+    protocol = ["-i", "grpc", "-u", grpc_url, "--streaming"]
+    return _command(model, protocol, data, export, concurrency, count)
+
+
+def openai_command(
+    host_port: str, model: str, data: Path, export: Path, concurrency: int, count: int
+) -> list[str]:
+    """Streamed chat completions over HTTP (perf_analyzer's OpenAI client is async-only)."""
+    protocol = [
+        "--service-kind", "openai", "--endpoint", "v1/chat/completions",
+        "-i", "http", "-u", host_port, "--async",
+    ]  # fmt: skip
+    return _command(model, protocol, data, export, concurrency, count)
+
+
+def _command(
+    model: str, protocol: list[str], data: Path, export: Path, concurrency: int, count: int
+) -> list[str]:
     return [
         str(tool_binary("perf_analyzer")),
         "-m", model,
-        "-i", "grpc",
-        "-u", grpc_url,
-        "--streaming",
+        *protocol,
         "--input-data", str(data),
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--request-count", str(count),
@@ -152,6 +177,98 @@ def parse_export(
     return records
 
 
+def openai_input_data(requests: Sequence[BenchRequest], endpoint: HttpEndpoint) -> dict:
+    """perf_analyzer's OpenAI input data: one streamed chat-completions body per request."""
+    entries = []
+    for request in requests:
+        body = {
+            "model": endpoint.model,
+            "messages": [{"role": "user", "content": request.prompt}],
+            "max_tokens": request.output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        } | endpoint.extra_inputs
+        entries.append({"payload": [body]})
+    return {"data": entries}
+
+
+def _sse_events(response: str) -> list[dict]:
+    """The JSON events of one received piece of an SSE stream (``[DONE]`` and blanks dropped).
+
+    A piece is usually one event, but nothing stops a server from flushing two at once.
+    """
+    events = []
+    for line in response.splitlines():
+        data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+        if data and data != "[DONE]":
+            events.append(json.loads(data))
+    return events
+
+
+def _carries_text(event: dict) -> bool:
+    choices = event.get("choices") or []
+    return any((c.get("delta") or {}).get("content") or c.get("text") for c in choices)
+
+
+def parse_openai_export(
+    export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
+) -> list[MeasuredRequest]:
+    """Per-request SSE pieces → records, matched to the workload by the user turn.
+
+    Output tokens = the stream's ``usage.completion_tokens``; TTFT and the gaps between
+    tokens come from the pieces that carried text (not the role-only first chunk, not
+    the usage chunk). A stream without usage, or one that reported an error, is an error.
+    """
+    by_prompt = {r.prompt: r for r in requests}
+    data = json.loads(export.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    records = []
+    for experiment in data.get("experiments", []):
+        for position, item in enumerate(experiment.get("requests", [])):
+            start = int(item["timestamp"])
+            stamps = [int(t) for t in item.get("response_timestamps", [])]
+            pieces = [_sse_events(str(o.get("response", ""))) for o in item["response_outputs"]]
+            if len(pieces) != len(stamps):
+                raise ValueError("response_outputs and response_timestamps differ in length")
+            payload = json.loads(item["request_inputs"]["payload"])
+            request = by_prompt.get(payload["messages"][-1]["content"])
+            events = [e for piece in pieces for e in piece]
+            usage = next((e["usage"] for e in events if e.get("usage")), None)
+            reason = next(
+                (
+                    c["finish_reason"]
+                    for e in events
+                    for c in e.get("choices") or []
+                    if c.get("finish_reason")
+                ),
+                None,
+            )
+            error = next((str(e["error"]) for e in events if "error" in e), None)
+            if error is None and usage is None:
+                error = "no response" if not stamps else "the stream ended without usage"
+            token_stamps = [
+                t for t, piece in zip(stamps, pieces, strict=True) if any(map(_carries_text, piece))
+            ]
+            records.append(
+                MeasuredRequest(
+                    index=request.index if request is not None else position,
+                    start_ns=start,
+                    end_ns=stamps[-1] if stamps else start,
+                    ok=error is None,
+                    output_tokens=int(usage["completion_tokens"]) if usage else 0,
+                    ttft_ms=(token_stamps[0] - start) / 1e6 if token_stamps else None,
+                    chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
+                    error=error,
+                    expected_tokens=request.output_tokens
+                    if exact_lengths and request is not None
+                    else None,
+                    finish_reason=reason,
+                )
+            )
+    return records
+
+
 def run_level(
     grpc_url: str,
     model: str,
@@ -162,14 +279,53 @@ def run_level(
     max_duration_s: float,
     chat: bool = False,
 ) -> list[MeasuredRequest]:
-    """Run perf_analyzer for one level; raise ToolError if it produced no records."""
+    """Run perf_analyzer for one level over gRPC; raise ToolError if it produced no records."""
+    return _measure(
+        artifacts,
+        input_data(requests, sampling, chat),
+        partial(perf_analyzer_command, grpc_url, model),
+        partial(parse_export, requests=requests, exact_lengths=sampling.ignore_eos),
+        # perf_analyzer refuses fewer requests than concurrency (a short warm-up can be).
+        min(concurrency, len(requests)),
+        len(requests),
+        max_duration_s,
+    )
+
+
+def run_openai_level(
+    endpoint: HttpEndpoint,
+    requests: Sequence[BenchRequest],
+    artifacts: Path,
+    concurrency: int,
+    max_duration_s: float,
+    exact_lengths: bool,
+) -> list[MeasuredRequest]:
+    """Run perf_analyzer for one level at an OpenAI chat endpoint; ToolError if no records."""
+    return _measure(
+        artifacts,
+        openai_input_data(requests, endpoint),
+        partial(openai_command, endpoint.url.removeprefix("http://"), endpoint.model),
+        partial(parse_openai_export, requests=requests, exact_lengths=exact_lengths),
+        min(concurrency, len(requests)),
+        len(requests),
+        max_duration_s,
+    )
+
+
+def _measure(
+    artifacts: Path,
+    data: dict,
+    command: Callable[[Path, Path, int, int], list[str]],
+    parse: Callable[[Path], list[MeasuredRequest]],
+    concurrency: int,
+    count: int,
+    max_duration_s: float,
+) -> list[MeasuredRequest]:
     artifacts.mkdir(parents=True, exist_ok=True)
-    data = artifacts / "input_data.json"
-    data.write_text(json.dumps(input_data(requests, sampling, chat)))
+    data_path = artifacts / "input_data.json"
+    data_path.write_text(json.dumps(data))
     export = artifacts / "profile_export.json"
-    # perf_analyzer refuses fewer requests than concurrency (a short warm-up can be).
-    concurrency = min(concurrency, len(requests))
-    cmd = perf_analyzer_command(grpc_url, model, data, export, concurrency, len(requests))
+    cmd = command(data_path, export, concurrency, count)
     (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
     run = run_tool(
         "perf_analyzer",
@@ -177,5 +333,4 @@ def run_level(
         artifacts / "perf_analyzer.log",
         timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
     )
-    parse = partial(parse_export, requests=requests, exact_lengths=sampling.ignore_eos)
     return read_records(run, export, parse)

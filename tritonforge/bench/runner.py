@@ -429,6 +429,15 @@ class Runner:
         warmup = load is self.plan.warmup
         # The warm-up is always a closed loop: it only has to reach every code path once.
         open_loop = contract.load.mode == "request_rate" and not warmup
+        if target.tool == "perf_analyzer" and target.kind is not TargetKind.TRITON:
+            return perf_analyzer_driver.run_openai_level(
+                service.endpoint(target, contract.model, contract.sampling),
+                load.requests,
+                artifacts,
+                concurrency=int(load.level),  # validation keeps it off request rates
+                max_duration_s=contract.load.max_duration_s,
+                exact_lengths=contract.sampling.ignore_eos,
+            )
         if target.tool == "perf_analyzer":
             if not isinstance(service, TritonService):
                 raise ToolError("perf_analyzer needs a Triton target")
