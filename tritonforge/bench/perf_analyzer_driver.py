@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -126,6 +126,45 @@ def _prompt_of(inputs: dict) -> str | None:
     return None
 
 
+def _exported_requests(export: Path) -> Iterator[tuple[int, dict, int, list[int]]]:
+    """Each request of a profile export: position, raw item, start and response stamps (ns)."""
+    data = json.loads(export.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    for experiment in data.get("experiments", []):
+        for position, item in enumerate(experiment.get("requests", [])):
+            stamps = [int(t) for t in item.get("response_timestamps", [])]
+            yield position, item, int(item["timestamp"]), stamps
+
+
+def _record(
+    request: BenchRequest | int,
+    start: int,
+    stamps: list[int],
+    token_stamps: list[int],
+    *,
+    tokens: int,
+    error: str | None,
+    finish_reason: str | None,
+    exact_lengths: bool,
+) -> MeasuredRequest:
+    """One request's record; ``request`` is the workload's entry, or the export position
+    when no prompt matched. Only ``token_stamps`` (responses with tokens) time tokens."""
+    known = request if isinstance(request, BenchRequest) else None
+    return MeasuredRequest(
+        index=known.index if known is not None else int(request),
+        start_ns=start,
+        end_ns=stamps[-1] if stamps else start,
+        ok=error is None,
+        output_tokens=tokens,
+        ttft_ms=(token_stamps[0] - start) / 1e6 if token_stamps else None,
+        chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
+        error=error,
+        expected_tokens=known.output_tokens if exact_lengths and known is not None else None,
+        finish_reason=finish_reason,
+    )
+
+
 def parse_export(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
 ) -> list[MeasuredRequest]:
@@ -136,44 +175,32 @@ def parse_export(
     (ignore_eos) a request that delivered fewer than its max_tokens is *short*.
     """
     by_prompt = {r.prompt: r for r in requests}
-    data = json.loads(export.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     records = []
-    for experiment in data.get("experiments", []):
-        for position, item in enumerate(experiment.get("requests", [])):
-            start = int(item["timestamp"])
-            stamps = [int(t) for t in item.get("response_timestamps", [])]
-            request = by_prompt.get(_prompt_of(item.get("request_inputs") or {}) or "")
-            outputs = item.get("response_outputs", [])
-            if stamps and (
-                len(outputs) != len(stamps) or any("num_output_tokens" not in o for o in outputs)
-            ):
-                raise ValueError("responses without num_output_tokens: cannot count tokens")
-            counts = [int(str(_scalar(o["num_output_tokens"]))) for o in outputs]
-            reasons = [str(_scalar(o.get("finish_reason", ""))) for o in outputs]
-            # Responses before the last say "None" (Python's None as a string) or nothing.
-            reason = next((r for r in reversed(reasons) if r not in ("", "None")), None)
-            # Only responses that carried tokens time the tokens (not the empty final one).
-            token_stamps = [t for t, n in zip(stamps, counts, strict=True) if n]
-            first = token_stamps[0] if token_stamps else None
-            tokens = sum(counts)
-            records.append(
-                MeasuredRequest(
-                    index=request.index if request is not None else position,
-                    start_ns=start,
-                    end_ns=stamps[-1] if stamps else start,
-                    ok=bool(stamps),
-                    output_tokens=tokens,
-                    ttft_ms=(first - start) / 1e6 if first is not None else None,
-                    chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
-                    error=None if stamps else "no response",
-                    expected_tokens=request.output_tokens
-                    if exact_lengths and request is not None
-                    else None,
-                    finish_reason=reason,
-                )
+    for position, item, start, stamps in _exported_requests(export):
+        request = by_prompt.get(_prompt_of(item.get("request_inputs") or {}) or "")
+        outputs = item.get("response_outputs", [])
+        if stamps and (
+            len(outputs) != len(stamps) or any("num_output_tokens" not in o for o in outputs)
+        ):
+            raise ValueError("responses without num_output_tokens: cannot count tokens")
+        counts = [int(str(_scalar(o["num_output_tokens"]))) for o in outputs]
+        reasons = [str(_scalar(o.get("finish_reason", ""))) for o in outputs]
+        # Responses before the last say "None" (Python's None as a string) or nothing.
+        reason = next((r for r in reversed(reasons) if r not in ("", "None")), None)
+        # Only responses that carried tokens time the tokens (not the empty final one).
+        token_stamps = [t for t, n in zip(stamps, counts, strict=True) if n]
+        records.append(
+            _record(
+                request if request is not None else position,
+                start,
+                stamps,
+                token_stamps,
+                tokens=sum(counts),
+                error=None if stamps else "no response",
+                finish_reason=reason,
+                exact_lengths=exact_lengths,
             )
+        )
     return records
 
 
@@ -220,52 +247,42 @@ def parse_openai_export(
     the usage chunk). A stream without usage, or one that reported an error, is an error.
     """
     by_prompt = {r.prompt: r for r in requests}
-    data = json.loads(export.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     records = []
-    for experiment in data.get("experiments", []):
-        for position, item in enumerate(experiment.get("requests", [])):
-            start = int(item["timestamp"])
-            stamps = [int(t) for t in item.get("response_timestamps", [])]
-            pieces = [_sse_events(str(o.get("response", ""))) for o in item["response_outputs"]]
-            if len(pieces) != len(stamps):
-                raise ValueError("response_outputs and response_timestamps differ in length")
-            payload = json.loads(item["request_inputs"]["payload"])
-            request = by_prompt.get(payload["messages"][-1]["content"])
-            events = [e for piece in pieces for e in piece]
-            usage = next((e["usage"] for e in events if e.get("usage")), None)
-            reason = next(
-                (
-                    c["finish_reason"]
-                    for e in events
-                    for c in e.get("choices") or []
-                    if c.get("finish_reason")
-                ),
-                None,
+    for position, item, start, stamps in _exported_requests(export):
+        pieces = [_sse_events(str(o.get("response", ""))) for o in item["response_outputs"]]
+        if len(pieces) != len(stamps):
+            raise ValueError("response_outputs and response_timestamps differ in length")
+        payload = json.loads(item["request_inputs"]["payload"])
+        request = by_prompt.get(payload["messages"][-1]["content"])
+        events = [e for piece in pieces for e in piece]
+        usage = next((e["usage"] for e in events if e.get("usage")), None)
+        reason = next(
+            (
+                c["finish_reason"]
+                for e in events
+                for c in e.get("choices") or []
+                if c.get("finish_reason")
+            ),
+            None,
+        )
+        error = next((str(e["error"]) for e in events if "error" in e), None)
+        if error is None and usage is None:
+            error = "no response" if not stamps else "the stream ended without usage"
+        token_stamps = [
+            t for t, piece in zip(stamps, pieces, strict=True) if any(map(_carries_text, piece))
+        ]
+        records.append(
+            _record(
+                request if request is not None else position,
+                start,
+                stamps,
+                token_stamps,
+                tokens=int(usage["completion_tokens"]) if usage else 0,
+                error=error,
+                finish_reason=reason,
+                exact_lengths=exact_lengths,
             )
-            error = next((str(e["error"]) for e in events if "error" in e), None)
-            if error is None and usage is None:
-                error = "no response" if not stamps else "the stream ended without usage"
-            token_stamps = [
-                t for t, piece in zip(stamps, pieces, strict=True) if any(map(_carries_text, piece))
-            ]
-            records.append(
-                MeasuredRequest(
-                    index=request.index if request is not None else position,
-                    start_ns=start,
-                    end_ns=stamps[-1] if stamps else start,
-                    ok=error is None,
-                    output_tokens=int(usage["completion_tokens"]) if usage else 0,
-                    ttft_ms=(token_stamps[0] - start) / 1e6 if token_stamps else None,
-                    chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
-                    error=error,
-                    expected_tokens=request.output_tokens
-                    if exact_lengths and request is not None
-                    else None,
-                    finish_reason=reason,
-                )
-            )
+        )
     return records
 
 
