@@ -145,6 +145,8 @@ class _Inflight:
     failure: EngineUnavailable | None = None
     #: Its FINAL response went out: nothing more may follow (one FINAL per request).
     closed: bool = False
+    #: Its metrics so far; recorded with the FINAL response (see ``Runtime._send``).
+    timing: _Timing | None = None
 
 
 class Runtime:
@@ -267,18 +269,32 @@ class Runtime:
         self._jobs.put(job)
 
     def _send(self, entry: _Inflight, tensors: Any, error: Exception | None, final: bool) -> None:
-        """Queue one response for the response thread (only ever called on the loop)."""
+        """Queue one response for the response thread (only ever called on the loop).
+
+        The FINAL response carries the request's metrics record in the same job, counted
+        just before the response leaves: a client holding its answer (a test, a canary
+        reading the counters) never sees the counters lag behind it.
+        """
         if entry.closed:
             return
         entry.closed = final
-        self._post(lambda: entry.channel.send(tensors, error, final))
+        record = None
+        if final and entry.timing is not None:
+            outcome = "finished" if error is None else "cancelled" if entry.cancelled else "failed"
+            record = entry.timing.record(outcome)
+
+        def job() -> None:
+            if record is not None:
+                self.metrics.record(record)
+            entry.channel.send(tensors, error, final)
+
+        self._post(job)
 
     async def _serve(
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
         """One request from first delta to its single FINAL response and metrics record."""
-        timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
-        outcome = "failed"
+        timing = entry.timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
         try:
             deltas = self._deltas(request_id, request, prepared, entry, timing)
             if request.stream:
@@ -286,10 +302,7 @@ class Runtime:
             else:
                 await self._aggregate(deltas, request, prepared, entry, timing.prompt_tokens)
             if entry.cancelled:
-                outcome = "cancelled"
                 self._send(entry, None, asyncio.CancelledError("request cancelled"), True)
-            else:
-                outcome = "finished"
         except (RequestError, EngineUnavailable) as exc:
             self._send(entry, None, exc, True)
         except DeadlineExceeded as exc:
@@ -310,8 +323,8 @@ class Runtime:
         finally:
             with self._lock:
                 self._inflight.pop(request_id, None)
-            record = timing.record(outcome)
-            self._post(lambda: self.metrics.record(record))
+            # Every path above sent the FINAL; this only guards the one-FINAL rule.
+            self._send(entry, None, EngineUnavailable("the request ended without an answer"), True)
 
     async def _deltas(
         self,

@@ -54,7 +54,8 @@ def serve() -> Iterator:
         channel = RecordingChannel()
         started = time.monotonic()
         runtime.submit(parsed, channel, triton_timeout_s)
-        metrics.wait_for(1, timeout_s=10)  # _serve is over: every send went out before
+        assert channel.done.wait(10)  # the FINAL went out (its record just before it)
+        metrics.wait_for(1, timeout_s=10)
         return channel, metrics, time.monotonic() - started
 
     yield run
