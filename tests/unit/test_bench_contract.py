@@ -17,13 +17,33 @@ def smoke_data() -> dict:
     return yaml.safe_load((CONTRACTS / "smoke.yaml").read_text())
 
 
-@pytest.mark.parametrize(
-    "name", ["smoke.yaml", "chat-mix.yaml", "engines.yaml", "openai.yaml", "capacity.yaml"]
-)
+@pytest.mark.parametrize("name", sorted(p.name for p in CONTRACTS.glob("*.yaml")))
 def test_shipped_contracts_are_valid(name: str) -> None:
     contract, digest = load_contract(CONTRACTS / name)
     assert contract.targets and len(digest) == 64
     assert "triton" in {t.kind.value for t in contract.targets}  # each measures Triton
+
+
+def test_the_glob_finds_the_shipped_contracts() -> None:
+    """The parametrized check above must not silently run on nothing."""
+    assert {"smoke.yaml", "chat-mix.yaml", "engines.yaml", "openai.yaml"} <= {
+        p.name for p in CONTRACTS.glob("*.yaml")
+    }
+
+
+def test_pipelines_judges_each_ensemble_by_its_share_of_the_direct_ttft() -> None:
+    contract, _ = load_contract(CONTRACTS / "pipelines.yaml")
+    models = {t.name: t.model for t in contract.targets}
+    assert models == {
+        "direct": "vllm_model",
+        "ensemble-cpp": "ensemble_vllm",
+        "ensemble-py": "ensemble_vllm_py",
+    }
+    assert {t.tool for t in contract.targets} == {"perf_analyzer"}  # one client for all
+    assert {(c.target, c.baseline, c.max_ttft_p50_ratio) for c in contract.comparisons} == {
+        ("ensemble-cpp", "direct", 1.05),
+        ("ensemble-py", "direct", 1.05),
+    }
 
 
 def test_chat_mix_covers_the_issues_load_levels_and_mix() -> None:

@@ -11,6 +11,7 @@ from tritonforge.bench.aiperf_driver import parse_records
 from tritonforge.bench.contract import Comparison, Sampling, Slo
 from tritonforge.bench.metrics import MeasuredRequest, Percentiles, percentile, summarize
 from tritonforge.bench.perf_analyzer_driver import input_data, parse_export
+from tritonforge.bench.report import _comparison_table
 from tritonforge.bench.results import LevelFailure, TargetResult, compare
 from tritonforge.bench.server_metrics import delta, parse, per_request_ms
 from tritonforge.bench.workload import BenchRequest
@@ -148,6 +149,30 @@ def test_comparisons_pair_rounds_and_judge_their_spread() -> None:
     assert (one.ttft_p50_delta_ms.min, one.ttft_p50_delta_ms.max) == (1, 2)
     assert eight.throughput_verdict == "inconclusive" and eight.ttft_verdict == "inconclusive"
     assert thirty_two.throughput_verdict == "missed" and thirty_two.ttft_verdict == "missed"
+
+
+def test_a_relative_ttft_bound_is_judged_per_round_and_shown_only_when_set() -> None:
+    """An ensemble's allowance (≤ 5 % over the direct model) scales with the TTFT itself."""
+    spec = Comparison(target="t", baseline="b", max_ttft_p50_ratio=1.05)
+    mine = target(
+        "t",
+        rounds(1, [20, 20, 20], [2040, 2080, 2100])  # +2 / +4 / +5 %: met
+        + rounds(8, [20, 20, 20], [2000, 2200, 2000]),  # one round at +10 %: inconclusive
+    )
+    base = target(
+        "b", rounds(1, [20, 20, 20], [2000, 2000, 2000]) + rounds(8, [20] * 3, [2000] * 3)
+    )
+    one, eight = compare(spec, mine, base, [1, 8])
+    assert one.ttft_ratio_verdict == "met" and one.ttft_p50_ratio.max == pytest.approx(1.05)
+    assert eight.ttft_ratio_verdict == "inconclusive"
+    assert one.ttft_verdict is None and one.throughput_verdict is None  # bounds not set
+    table = "\n".join(_comparison_table([one, eight]))
+    assert "TTFT p50 ratio" in table and "1.040 (1.020–1.050) | 1.05 | met |" in table
+    # Without the bound the table keeps its usual columns.
+    (plain,) = compare(SPEC, mine, base, [1])
+    assert (
+        plain.ttft_ratio_verdict is None and "TTFT p50 ratio" not in _comparison_table([plain])[0]
+    )
 
 
 def test_no_verdict_when_noisy_not_interleaved_or_too_few_rounds() -> None:

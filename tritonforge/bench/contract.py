@@ -410,6 +410,12 @@ class Comparison(Strict):
     baseline: str
     min_throughput_ratio: float | None = Field(default=None, gt=0)
     max_ttft_p50_delta_ms: float | None = None
+    max_ttft_p50_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        description="target's TTFT p50 / the baseline's, per round (1.05: at most 5 % more); "
+        "for a cost that scales with the TTFT itself, such as an ensemble's extra steps",
+    )
     levels: list[float] | None = Field(default=None, description="levels to compare (default all)")
 
 

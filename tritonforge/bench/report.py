@@ -184,19 +184,28 @@ def _failure_evidence(target: TargetResult) -> list[str]:
 
 
 def _comparison_table(rows: list[ComparisonResult]) -> list[str]:
+    # The TTFT-ratio columns appear only when some comparison sets that bound.
+    ratios = any(r.max_ttft_p50_ratio is not None for r in rows)
     lines = [
         "| target vs baseline | level | rounds | tok/s ratio, median (min–max) | needed | verdict "
-        "| TTFT p50 Δ ms, median (min–max) | allowed | verdict |",
-        "|---|---:|---:|---|---:|---|---|---:|---|",
+        "| TTFT p50 Δ ms, median (min–max) | allowed | verdict |"
+        + (" TTFT p50 ratio, median (min–max) | allowed | verdict |" if ratios else ""),
+        "|---|---:|---:|---|---:|---|---|---:|---|" + ("---|---:|---|" if ratios else ""),
     ]
     for r in rows:
-        lines.append(
+        line = (
             f"| {r.target} vs {r.baseline} | {r.level:g} | {r.rounds} "
             f"| {_spread(r.throughput_ratio, 3)} | {_fmt(r.min_throughput_ratio, 2)} "
             f"| {_verdict(r.throughput_verdict)} "
             f"| {_spread(r.ttft_p50_delta_ms)} | {_fmt(r.max_ttft_p50_delta_ms)} "
             f"| {_verdict(r.ttft_verdict)} |"
         )
+        if ratios:
+            line += (
+                f" {_spread(r.ttft_p50_ratio, 3)} | {_fmt(r.max_ttft_p50_ratio, 2)} "
+                f"| {_verdict(r.ttft_ratio_verdict)} |"
+            )
+        lines.append(line)
     return lines
 
 

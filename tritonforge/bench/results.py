@@ -107,6 +107,9 @@ class ComparisonResult(BaseModel):
     ttft_p50_delta_ms: Spread | None = None
     max_ttft_p50_delta_ms: float | None = None
     ttft_verdict: Verdict | None = None
+    ttft_p50_ratio: Spread | None = None
+    max_ttft_p50_ratio: float | None = None
+    ttft_ratio_verdict: Verdict | None = None
 
 
 LevelState = Literal["held", "broke", "inconclusive"]
@@ -209,11 +212,13 @@ def compare(
             for r in paired
             if theirs[r].output_tok_s > 0
         ]
-        deltas = [
-            a - b
+        ttfts = [
+            (a, b)
             for r in paired
             if (a := mine[r].ttft_ms.p50) is not None and (b := theirs[r].ttft_ms.p50) is not None
         ]
+        deltas = [a - b for a, b in ttfts]
+        ttft_ratios = [a / b for a, b in ttfts if b > 0]
         rows.append(
             ComparisonResult(
                 target=spec.target,
@@ -226,6 +231,9 @@ def compare(
                 ttft_p50_delta_ms=Spread.of(deltas),
                 max_ttft_p50_delta_ms=spec.max_ttft_p50_delta_ms,
                 ttft_verdict=judge(deltas, spec.max_ttft_p50_delta_ms, False, blocked),
+                ttft_p50_ratio=Spread.of(ttft_ratios),
+                max_ttft_p50_ratio=spec.max_ttft_p50_ratio,
+                ttft_ratio_verdict=judge(ttft_ratios, spec.max_ttft_p50_ratio, False, blocked),
             )
         )
     return rows
