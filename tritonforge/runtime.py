@@ -284,9 +284,11 @@ class Runtime:
             record = entry.timing.record(outcome)
 
         def job() -> None:
-            if record is not None:
-                self.metrics.record(record)
-            entry.channel.send(tensors, error, final)
+            try:
+                if record is not None:
+                    self.metrics.record(record)
+            finally:  # a metrics failure is logged by the job loop; the response still goes
+                entry.channel.send(tensors, error, final)
 
         self._post(job)
 

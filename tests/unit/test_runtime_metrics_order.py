@@ -74,3 +74,23 @@ def test_the_record_is_there_when_the_final_response_goes_out(
         runtime.stop()
     assert channel.counted_at_final == [outcome]
     assert len([sent for sent in channel.sent if sent[2]]) == 1
+
+
+class FailingMetrics(RecordingMetrics):
+    def record(self, record) -> None:
+        raise RuntimeError("metrics backend gone")
+
+
+def test_a_failing_metrics_sink_never_costs_the_final_response() -> None:
+    logger = RecordingLogger()
+    runtime = Runtime(ScriptedEngine(SCRIPT), FailingMetrics(), logger)
+    runtime.start()
+    try:
+        channel = RecordingChannel()
+        runtime.submit(_request(False), channel)
+        assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    ((tensors, error, final),) = channel.sent
+    assert final and error is None and tensors is not None
+    assert any("metrics backend gone" in line for line in logger.errors)
