@@ -8,13 +8,25 @@ broke, so a client can fix the request without reading server logs.
 from __future__ import annotations
 
 
+def printable(name: str) -> str:
+    """``name`` with its unprintable characters escaped (NUL → ``\\x00``).
+
+    A field name comes from the client (a sampling key is any JSON string). Triton
+    carries error messages as C strings, so a NUL would cut the message short at the
+    name it is meant to show, and other control characters would garble logs.
+    """
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+
+
 class RequestError(ValueError):
     """A request broke a rule: ``field`` names where (``sampling_parameters.top_p``)."""
 
     def __init__(self, field: str, rule: str) -> None:
         self.field = field
         self.rule = rule
-        super().__init__(f"{field}: {rule}")
+        super().__init__(f"{printable(field)}: {rule}")
 
 
 class EngineBusy(RuntimeError):

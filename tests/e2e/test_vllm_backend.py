@@ -279,6 +279,10 @@ LONG_PROMPT = "word " * 2100
             {"text_input": "hi", "parameters": {"nonsense": 1}},
             "parameters.nonsense: unknown sampling parameter",
         ),
+        (  # a NUL inside the key, named escaped: Triton's C-string message would end at it
+            {"text_input": "hi", "sampling_parameters": json.dumps({"\x00": False})},
+            "sampling_parameters.\\x00: unknown sampling parameter; accepted:",
+        ),
         (
             {"text_input": "hi", "parameters": {"temperature": "warm"}},
             "parameters.temperature: expected a number",

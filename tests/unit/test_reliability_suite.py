@@ -20,7 +20,7 @@ from tritonforge.bench.reliability import (
     parse_metric,
     shutdown_log,
 )
-from tritonforge.errors import RequestError
+from tritonforge.errors import RequestError, printable
 from tritonforge.schema import parse_request
 
 # Checked only after tokenising, against the model's context and vocabulary (engine side).
@@ -40,7 +40,7 @@ def test_every_generated_request_is_refused_naming_the_expected_field(case: Malf
     try:
         parse_request(inputs, case.parameters or {})
     except RequestError as error:
-        assert case.field in str(error), (case, str(error))
+        assert printable(case.field) in str(error), (case, str(error))
     else:
         raise AssertionError(f"the schema accepts a request built to be malformed: {case}")
 

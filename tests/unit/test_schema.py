@@ -223,3 +223,21 @@ def test_return_flags_and_logprobs_default() -> None:
     assert request.returns.finish_reason and request.returns.output_ids
     assert not request.returns.num_input_tokens
     assert request.sampling.logprobs == 0  # the sampled token's logprob at least
+
+
+@pytest.mark.parametrize(
+    ("key", "named"), [("\x00", "\\x00"), ("a\nb", "a\\nb"), ("top\tp", "top\\tp"), ("é", "é")]
+)
+def test_an_unprintable_key_is_named_escaped_so_triton_carries_the_whole_message(
+    key: str, named: str
+) -> None:
+    """Triton passes error messages as C strings: a raw NUL would end the message at it."""
+    inputs = {
+        "text_input": np.array([b"hi"], dtype=np.object_),
+        "sampling_parameters": np.array([json.dumps({key: False}).encode()], dtype=np.object_),
+    }
+    with pytest.raises(RequestError) as caught:
+        parse_request(inputs)
+    message = str(caught.value)
+    assert message.startswith(f"sampling_parameters.{named}: unknown sampling parameter")
+    assert message.isprintable() and caught.value.field == f"sampling_parameters.{key}"

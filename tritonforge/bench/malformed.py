@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tritonforge.bench.reliability import ENSEMBLE, LLM, Scenario, Server
+from tritonforge.errors import printable
 from tritonforge.sampling import ACCEPTED_KEYS
 from tritonforge.schema import TRANSPORT_PARAMETERS
 
@@ -427,7 +428,7 @@ def send(server: Server, case: Malformed, timeout_s: float = 60.0) -> Answer:
     why = []
     if not refused:
         why.append(f"not refused as a client error ({status})")
-    if case.field not in message:
+    if printable(case.field) not in message:  # as the server names it: NUL escaped
         why.append(f"the error does not name {case.field!r}")
     if not ready:
         why.append(f"{case.model} is no longer ready")
