@@ -11,6 +11,7 @@ tests/contract/trtllm_standin.py, a stand-in of the documented LLM API instead.)
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -25,8 +26,9 @@ from tritonforge.engines.base import (
     EngineStats,
     PreparedPrompt,
 )
-from tritonforge.runtime import RequestRecord
+from tritonforge.runtime import RequestRecord, Runtime
 from tritonforge.sampling import SamplingParams
+from tritonforge.schema import GenerateRequest, parse_request
 
 
 class ScriptedEngine(Engine):
@@ -142,3 +144,34 @@ class RecordingLogger:
 
     def log_error(self, msg: str) -> None:
         self.errors.append(msg)
+
+
+def sampling_request(stream: bool, **sampling: object) -> GenerateRequest:
+    """A parsed request for the prompt "hi" with ``sampling`` as its JSON parameters."""
+    inputs = {
+        "text_input": np.array([b"hi"], dtype=np.object_),
+        "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=np.object_),
+        "stream": np.array([stream]),
+    }
+    return parse_request(inputs)
+
+
+def serve_once(
+    engine: Engine,
+    request: GenerateRequest,
+    channel: RecordingChannel,
+    metrics: RecordingMetrics | None = None,
+    logger: RecordingLogger | None = None,
+    **runtime_settings: Any,
+) -> RecordingChannel:
+    """One request on a fresh :class:`Runtime`, stopped once its FINAL response went out."""
+    runtime = Runtime(
+        engine, metrics or RecordingMetrics(), logger or RecordingLogger(), **runtime_settings
+    )
+    runtime.start()
+    try:
+        runtime.submit(request, channel)
+        assert channel.done.wait(10), "no FINAL response within 10 s"
+    finally:
+        runtime.stop()
+    return channel

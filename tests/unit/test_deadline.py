@@ -8,7 +8,6 @@ already streamed stay sent, and the engine was told to stop (its work is freed).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 import types
@@ -18,7 +17,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics, ScriptedEngine
+from tests.fakes import (
+    RecordingChannel,
+    RecordingLogger,
+    RecordingMetrics,
+    ScriptedEngine,
+    sampling_request,
+)
 from tritonforge.engines.base import EngineOutput, PreparedPrompt
 from tritonforge.errors import DeadlineExceeded, RequestError
 from tritonforge.runtime import Deadline, Runtime
@@ -31,13 +36,7 @@ LONG = [EngineOutput(text=f"w{i} ", token_ids=[i]) for i in range(49)] + [
 ]
 
 
-def request(stream: bool, **sampling: object):
-    inputs = {
-        "text_input": np.array([b"hi"], dtype=np.object_),
-        "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=np.object_),
-        "stream": np.array([stream]),
-    }
-    return parse_request(inputs)
+request = sampling_request
 
 
 @pytest.fixture

@@ -8,15 +8,17 @@ engine; no server.
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 
-from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics, ScriptedEngine
+from tests.fakes import (
+    RecordingChannel,
+    RecordingLogger,
+    RecordingMetrics,
+    ScriptedEngine,
+    sampling_request,
+    serve_once,
+)
 from tritonforge.engines.base import EngineOutput
-from tritonforge.runtime import Runtime
-from tritonforge.schema import parse_request
 
 SCRIPT = [EngineOutput(text=f"w{i} ", token_ids=[i]) for i in range(5)] + [
     EngineOutput(text="end", token_ids=[5], finished=True, finish_reason="length")
@@ -37,16 +39,6 @@ class CountingChannel(RecordingChannel):
         super().send(tensors, error, final)
 
 
-def _request(stream: bool, **sampling: object):
-    return parse_request(
-        {
-            "text_input": np.array([b"hi"], dtype=np.object_),
-            "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=np.object_),
-            "stream": np.array([stream]),
-        }
-    )
-
-
 @pytest.mark.parametrize(
     ("stream", "sampling", "cancel_after", "outcome"),
     [
@@ -61,17 +53,14 @@ def test_the_record_is_there_when_the_final_response_goes_out(
     stream: bool, sampling: dict, cancel_after: int | None, outcome: str
 ) -> None:
     metrics = RecordingMetrics()
-    runtime = Runtime(
-        ScriptedEngine(SCRIPT, delay_s=0.02), metrics, RecordingLogger(), cancellation_poll_s=0.01
+    channel = serve_once(
+        ScriptedEngine(SCRIPT, delay_s=0.02),
+        sampling_request(stream, **sampling),
+        CountingChannel(metrics, cancel_after),
+        metrics,
+        cancellation_poll_s=0.01,
     )
-    runtime.start()
-    try:
-        channel = CountingChannel(metrics, cancel_after)
-        runtime.submit(_request(stream, **sampling), channel)
-        assert channel.done.wait(10)
-        metrics.wait_for(1)  # and never a second record for the same request
-    finally:
-        runtime.stop()
+    metrics.wait_for(1)  # and never a second record for the same request
     assert channel.counted_at_final == [outcome]
     assert len([sent for sent in channel.sent if sent[2]]) == 1
 
@@ -83,14 +72,13 @@ class FailingMetrics(RecordingMetrics):
 
 def test_a_failing_metrics_sink_never_costs_the_final_response() -> None:
     logger = RecordingLogger()
-    runtime = Runtime(ScriptedEngine(SCRIPT), FailingMetrics(), logger)
-    runtime.start()
-    try:
-        channel = RecordingChannel()
-        runtime.submit(_request(False), channel)
-        assert channel.done.wait(10)
-    finally:
-        runtime.stop()
+    channel = serve_once(
+        ScriptedEngine(SCRIPT),
+        sampling_request(False),
+        RecordingChannel(),
+        FailingMetrics(),
+        logger,
+    )
     ((tensors, error, final),) = channel.sent
     assert final and error is None and tensors is not None
     assert any("metrics backend gone" in line for line in logger.errors)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics, ScriptedEngine
+from tests.fakes import RecordingChannel, RecordingLogger, ScriptedEngine, serve_once
 from tritonforge.engines.base import EngineOutput
-from tritonforge.runtime import Runtime
 from tritonforge.schema import parse_request
 
 # "é" split over two tokens: the first adds no text, the second completes it.
@@ -25,16 +24,11 @@ SCRIPT = [
 
 def _run(inputs: dict[str, np.ndarray]) -> list[dict]:
     logger = RecordingLogger()
-    runtime = Runtime(ScriptedEngine(SCRIPT), RecordingMetrics(), logger)
-    runtime.start()
-    try:
-        channel = RecordingChannel()
-        runtime.submit(parse_request(inputs), channel)
-        assert channel.done.wait(10)
-        assert channel.errors() == [] and logger.errors == []
-        return channel.responses()
-    finally:
-        runtime.stop()
+    channel = serve_once(
+        ScriptedEngine(SCRIPT), parse_request(inputs), RecordingChannel(), None, logger
+    )
+    assert channel.errors() == [] and logger.errors == []
+    return channel.responses()
 
 
 def test_ids_wait_for_the_text_they_complete() -> None:
