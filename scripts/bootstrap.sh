@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 VENV=.venv
+# pip keeps its downloads and the llama.cpp wheel it builds inside the clone (a fresh
+# clone builds once, a second setup in the same clone takes seconds).
+export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$PWD/.cache/pip}
 
 apt_install() {
   local missing=()
@@ -33,15 +36,30 @@ else
   lock=requirements/serve.lock
   install=("$VENV/bin/pip" install --no-deps -r "$lock")
 fi
-# Beside the serving lock: the tokenizer's build tools, the benchmark runner's plotting,
-# and llama.cpp (built from source: ~6 min on 2 cores the first time, then pip's cache).
-extras=(requirements/tokenizer.txt requirements/perf.txt requirements/llamacpp.txt)
+# Beside the serving lock: the tokenizer's build tools and the benchmark runner's plotting.
+extras=(requirements/tokenizer.txt requirements/perf.txt)
 install+=($(printf -- '-r %s ' "${extras[@]}"))
-stamp="$VENV/.tritonforge-$(cat "$lock" "${extras[@]}" pyproject.toml | sha256sum | cut -c1-16)"
+# llama.cpp has no CPU wheel on PyPI: it compiles from source, only its text library
+# (LLAVA_BUILD=OFF leaves out the multimodal mtmd library llamacpp_model never loads).
+# The compile is CPU work and the locked install mostly downloading and unpacking, so
+# the wheel builds alongside it; pip's cache (in the clone) keeps it for the next setup.
+llamacpp=requirements/llamacpp.txt
+wheels=.cache/wheels
+stamp="$VENV/.tritonforge-$(cat "$lock" "${extras[@]}" "$llamacpp" pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing pinned dependencies from $lock (first run: a few minutes)" >&2
   "$VENV/bin/pip" install -q --upgrade "pip==24.3.1"
-  CMAKE_BUILD_PARALLEL_LEVEL=2 "${install[@]}"
+  mkdir -p "$wheels"
+  CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    "$VENV/bin/pip" wheel -q --no-deps -w "$wheels" -r "$llamacpp" >"$wheels/build.log" 2>&1 &
+  builder=$!
+  "${install[@]}"
+  if ! wait "$builder"; then
+    tail -40 "$wheels/build.log" >&2
+    echo "bootstrap: building llama-cpp-python failed (log: $wheels/build.log)" >&2
+    exit 1
+  fi
+  "$VENV/bin/pip" install -q --no-deps --find-links "$wheels" -r "$llamacpp"
   "$VENV/bin/pip" install -q --no-deps -e .
   rm -f "$VENV"/.tritonforge-* && touch "$stamp"
 fi

@@ -13,6 +13,8 @@ VENV="${TRITONFORGE_BENCH_VENV:-$ROOT/.venv-bench}"
 LOCK="$ROOT/requirements/bench.txt"
 PYTHON="${PYTHON:-python3.11}"
 SERVING_VENV="${TRITONFORGE_VENV:-$ROOT/.venv}"
+# Downloads are cached inside the clone, as bootstrap.sh does.
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$ROOT/.cache/pip}"
 # The top-level pins; everything else comes from the lock. tritonclient stays at the
 # server's 2.51 here, apart from .venv (Triton 2.51 workaround W8, see
 # docs/triton-2.51-workarounds.md).
