@@ -225,3 +225,19 @@ def test_a_noisy_round_is_measured_again_with_prompts_of_its_own(tmp_path) -> No
     assert "discarded" not in report.render(done, [])  # nothing discarded, nothing said
     done.targets[0].discarded_rounds = result.discarded_rounds[:1]
     assert "| 1 | 1 (discarded, measured again) | 40% / 40% |" in report.render(done, [])
+
+
+def test_a_class_too_short_for_its_instruction_is_named() -> None:
+    import pytest
+
+    from tritonforge.bench.contract import load_contract
+    from tritonforge.bench.workload import PromptBuilder, build_workload
+    from tritonforge.launcher import REPO_ROOT
+
+    short = ["traffic.classes.1.input_tokens={dist: fixed, value: 20}"]
+    contract, _ = load_contract(REPO_ROOT / "perf" / "contracts" / "smoke.yaml", short)
+    words = [f" w{chr(97 + i)}{chr(97 + j)}x" for i in range(26) for j in range(26)]
+    builder = PromptBuilder(words, lambda text: text.split())  # one token per word
+    named = r"traffic class 'structured_output': input_tokens: .* than the 20 drawn"
+    with pytest.raises(ValueError, match=named):
+        build_workload(contract, builder, 40)

@@ -83,9 +83,13 @@ class PromptBuilder:
 
     def text(self, tokens: int, rng: random.Random, lead: str = "") -> str:
         """``lead`` followed by random words, ``tokens`` tokens long in total."""
-        body_tokens = tokens - (self.count(lead) if lead else 0)
-        if body_tokens < 0:
-            raise ValueError(f"the instruction alone is longer than {tokens} tokens")
+        lead_tokens = self.count(lead) if lead else 0
+        if lead_tokens > tokens:
+            raise ValueError(
+                f"its instruction and shared prefix alone are {lead_tokens} tokens, "
+                f"more than the {tokens} drawn"
+            )
+        body_tokens = tokens - lead_tokens
         text = lead + "".join(rng.choice(self._words) for _ in range(body_tokens))
         # Word boundaries almost always hold; repair the rare merge or split exactly.
         for _ in range(8):
@@ -131,7 +135,12 @@ def build_workload(
         # The body is random words, so only the declared prefix is ever common to
         # two requests: prefix-cache hits are exactly what the contract asked for.
         lead = (prefix if shares else "") + cls.instruction
-        prompt = builder.text(input_tokens, text_rng, lead=lead)
+        try:
+            prompt = builder.text(input_tokens, text_rng, lead=lead)
+        except ValueError as error:
+            raise ValueError(
+                f"traffic class {cls.name!r}: input_tokens: {error}; raise its minimum"
+            ) from error
         requests.append(BenchRequest(index, cls.name, prompt, input_tokens, output_tokens, shares))
     return requests
 
