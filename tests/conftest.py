@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,17 @@ from tritonforge.launcher import MODEL_REPOSITORY, TritonServer, available_model
 #: loaded beside vllm_model it would slow every other test on two cores, so
 #: tests/e2e/test_lora.py serves the LoRA models on one server of their own.
 OWN_SERVER_MODELS = ("vllm_lora_model", "llamacpp_lora_model")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A CI runner that gives up sends SIGTERM: end the session as Ctrl-C does, so the
+    # session fixtures stop their servers (each runs in a session of its own and would
+    # outlive a killed pytest). Runs of the benchmark runner keep this handler.
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

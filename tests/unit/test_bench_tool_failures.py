@@ -348,3 +348,34 @@ def test_a_run_stopped_part_way_keeps_what_it_measured(
     saved = json.loads((plan.run_dir / "results.json").read_text())
     assert saved["finished_at"].startswith("not finished")
     assert saved["targets"][0]["levels"][0]["output_tokens"] == 8
+
+
+@pytest.mark.parametrize("host_handles_sigterm", [False, True])
+def test_sigterm_unwinds_a_run_and_the_hosts_handler_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_handles_sigterm: bool
+) -> None:
+    """A bare CLI run turns SIGTERM into SystemExit for as long as it lasts; a host that
+    handles SIGTERM itself (the test session: an interrupt) keeps its handler throughout."""
+    import signal
+
+    def host(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, host if host_handles_sigterm else signal.SIG_DFL)
+    seen: list[object] = []
+
+    def run(*args: object) -> Path:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return tmp_path
+
+    monkeypatch.setattr(runner_module, "_run", run)
+    try:
+        assert runner_module.run_contract(CONTRACT, [], tmp_path) == tmp_path
+        during, after = seen[0], signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    if host_handles_sigterm:
+        assert during is host and after is host
+    else:
+        assert during is runner_module._exit_on_sigterm and after is signal.SIG_DFL

@@ -14,6 +14,7 @@ with the reason and the run goes on; nothing is dropped silently.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -622,6 +623,25 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the runner's finally: servers stop
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While a run lasts, SIGTERM unwinds it (servers stop) instead of killing it outright.
+
+    Only where nobody handles SIGTERM yet: a host that does (the test session turns it
+    into an interrupt) keeps its handler, which unwinds the run just the same. The
+    previous disposition comes back when the run ends.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def write_results(
     plan: RunPlan,
     targets: list[TargetResult],
@@ -706,7 +726,14 @@ def run_contract(
     console = console or Console(stderr=True, soft_wrap=True)
     # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
     # must still stop its servers: they run in sessions of their own and would outlive it.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with _sigterm_unwinds():
+        return _run(contract_path, overrides, results_root, console)
+
+
+def _run(
+    contract_path: Path, overrides: Sequence[str], results_root: Path, console: Console
+) -> Path:
+    """:func:`run_contract`'s body, run while SIGTERM unwinds it."""
     plan = prepare(contract_path, overrides, results_root, console)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     environment = capture(plan.model_dir)
