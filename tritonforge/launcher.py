@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -138,18 +139,51 @@ def _terminate_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+#: Ports picked here come from [PORT_FLOOR, the OS's ephemeral range) (see free_port).
+PORT_FLOOR = 10000
+_handed_out: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the OS hands to ``bind(0)`` and outgoing connections (Linux's setting)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, below the ephemeral range, not handed out before by this process.
+
+    Not the OS's ``bind(0)`` pick: tritonserver binds its ports only after loading its
+    models, a minute later, and meanwhile any process may be given the same port by the
+    OS — a run lost its Triton that way to vLLM's server starting beside it ("Socket
+    '127.0.0.1:…' already in use"). The OS never hands out ports below its ephemeral
+    range, so there only an explicit bind can collide, and a bound port fails the check.
+    """
+    low, _ = ephemeral_range()
+    if low - PORT_FLOOR < 1000:  # an unusual range: let the OS choose, as before
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(PORT_FLOOR, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): try another
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {PORT_FLOOR}-{low - 1}")
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: asked one at a time, the OS may hand out one twice."""
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
+    """``count`` distinct free ports (free_port never hands out one twice)."""
+    return sorted(free_port() for _ in range(count))
 
 
 def session_processes(leader_pid: int) -> list[psutil.Process]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -9,6 +10,8 @@ import time
 import pytest
 
 from tritonforge.launcher import (
+    PORT_FLOOR,
+    ephemeral_range,
     free_port,
     free_ports,
     session_processes,
@@ -20,6 +23,37 @@ from tritonforge.launcher import (
 def test_free_ports_are_distinct() -> None:
     ports = free_ports(3)
     assert len(set(ports)) == 3 and all(1024 <= port < 65536 for port in ports)
+
+
+def test_free_ports_stay_out_of_the_range_the_os_hands_out() -> None:
+    # A port the OS gives to bind(0) (another process starting meanwhile) is never one
+    # picked here, and a process never gets the same port twice, bound yet or not.
+    low, _ = ephemeral_range()
+    picked = [free_port() for _ in range(200)]
+    assert len(set(picked)) == len(picked)
+    assert all(PORT_FLOOR <= port < low for port in picked)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        assert sock.getsockname()[1] >= low  # what the OS picks lies above them
+
+
+def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tritonforge.launcher as launcher
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        choices = iter([taken, taken + 1 if taken + 1 < 65536 else taken - 1])
+
+        class Fixed:
+            def randrange(self, start: int, stop: int) -> int:
+                return next(choices)
+
+        monkeypatch.setattr(launcher.random, "SystemRandom", Fixed)
+        monkeypatch.setattr(launcher, "ephemeral_range", lambda: (65000, 65535))
+        monkeypatch.setattr(launcher, "PORT_FLOOR", 1024)
+        assert launcher.free_port() != taken
 
 
 def start_session(script: str) -> subprocess.Popen:
