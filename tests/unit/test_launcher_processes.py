@@ -40,20 +40,25 @@ def test_free_ports_stay_out_of_the_range_the_os_hands_out() -> None:
 def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
     import tritonforge.launcher as launcher
 
+    with socket.socket() as spare:  # a port that was free a moment ago, for the second try
+        spare.bind(("127.0.0.1", 0))
+        free = spare.getsockname()[1]
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        choices = iter([taken, taken + 1 if taken + 1 < 65536 else taken - 1])
+        choices = [taken, free]
 
         class Fixed:
             def randrange(self, start: int, stop: int) -> int:
-                return next(choices)
+                assert choices, "free_port asked for a third port"
+                return choices.pop(0)
 
         monkeypatch.setattr(launcher.random, "SystemRandom", Fixed)
         monkeypatch.setattr(launcher, "ephemeral_range", lambda: (65000, 65535))
         monkeypatch.setattr(launcher, "PORT_FLOOR", 1024)
-        assert launcher.free_port() != taken
+        assert launcher.free_port() == free  # the busy one was tried first and skipped
+        assert choices == []
 
 
 def start_session(script: str) -> subprocess.Popen:
