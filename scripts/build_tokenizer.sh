@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the C++ tokenizer: the Triton backend (build/backends/tokenizer/libtriton_tokenizer.so,
-# picked up by tritonforge.launcher) and the pybind11 module `tritonforge_tokenizer` (into
+# picked up by tritonforge.launch.launcher) and the pybind11 module `tritonforge_tokenizer` (into
 # .venv). Idempotent and fast when nothing changed: CMake rebuilds incrementally and the
 # pip install is skipped while the installed module was built from the same sources.
 #

@@ -29,7 +29,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tritonforge.bench.reliability import Clients, GrpcStream, grpc_request
-from tritonforge.launcher import TritonServer
+from tritonforge.launch.launcher import TritonServer
 
 MODEL = "ensemble_vllm"
 

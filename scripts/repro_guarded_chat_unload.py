@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.client import control_model, llm_inputs, model_state, stream  # noqa: E402
-from tritonforge.launcher import TritonServer  # noqa: E402
+from tritonforge.launch.launcher import TritonServer  # noqa: E402
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
 LONG = {"max_tokens": 1500, "ignore_eos": True}

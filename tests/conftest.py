@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import MODEL_REPOSITORY, TritonServer, available_models
+from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, available_models
 
 #: Models the session server leaves out: their tests start a server of their own.
 #: vllm_lora_model is a second vLLM engine (LoRA kernels on every request, ~2 GiB);

@@ -3,7 +3,7 @@
 None of this is an engine or Triton: :class:`ScriptedEngine` replays fixed deltas,
 :class:`RecordingChannel` plays Triton's response sender, :class:`RecordingMetrics`
 and :class:`RecordingLogger` keep what the runtime reports. They let the real
-:class:`~tritonforge.runtime.Runtime` run in a test without a server or a model.
+:class:`~tritonforge.serving.runtime.Runtime` run in a test without a server or a model.
 (The TensorRT-LLM contract test drives the real adapter against
 tests/contract/trtllm_standin.py, a stand-in of the documented LLM API instead.)
 """
@@ -26,9 +26,9 @@ from tritonforge.engines.base import (
     EngineStats,
     PreparedPrompt,
 )
-from tritonforge.runtime import RequestRecord, Runtime
-from tritonforge.sampling import SamplingParams
-from tritonforge.schema import GenerateRequest, parse_request
+from tritonforge.serving.runtime import RequestRecord, Runtime
+from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.schema import GenerateRequest, parse_request
 
 
 class ScriptedEngine(Engine):

@@ -1,6 +1,6 @@
 """Tokenizers under test and the shared parity corpus (fixtures in the conftest.py files).
 
-Used by the C++ module's parity and error tests (``tests/unit/test_tokenizer_*.py``) and
+Used by the C++ module's parity and error tests (``tests/unit/tokenizer/test_tokenizer_*.py``) and
 by the served tokenizer models' test (``tests/e2e/test_tokenizer_backend.py``).
 Three families, as issue 3 asks: SmolLM2's own tokenizer (the served model's), a GPT-2
 style and a Llama-3 style byte-level BPE trained here with HF ``tokenizers`` on the
@@ -156,7 +156,7 @@ def _ignore_merges(data: dict) -> None:
 
 def build_tokenizer_files(folder: Path) -> dict[str, Path]:
     """name -> tokenizer.json: the served SmolLM2 file and ones built here in ``folder``."""
-    assert SMOLLM2.is_file(), f"{SMOLLM2} missing: run `python -m tritonforge.model_store`"
+    assert SMOLLM2.is_file(), f"{SMOLLM2} missing: run `python -m tritonforge.launch.model_store`"
     texts = _training_text()
     gpt2 = folder / "gpt2.json"
     _gpt2_style(texts).save(str(gpt2))

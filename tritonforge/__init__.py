@@ -1,9 +1,13 @@
 """tritonforge: Triton Inference Server backends for LLM serving.
 
-Request path: Triton → ``backends/<engine>/model.py`` → :mod:`tritonforge.triton_model`
-(the Triton edge) → :mod:`tritonforge.schema` / :mod:`tritonforge.sampling` (parse and
-validate) → :mod:`tritonforge.runtime` (event loop, streaming, cancellation) →
-``tritonforge.engines.<engine>`` (the only place that imports an engine).
+The tree follows a request: Triton → ``backends/<engine>/model.py`` →
+:mod:`tritonforge.triton` (the edge: the only code that touches Triton's API) →
+:mod:`tritonforge.serving` (parse and validate, run, stream, cancel, answer) →
+:mod:`tritonforge.engines` (one adapter per engine, the only place that imports one).
+Beside it: :mod:`tritonforge.pipelines` (guard, guarded chat), :mod:`tritonforge.openai`
+(the OpenAI API in front), :mod:`tritonforge.repo` (the repository tool),
+:mod:`tritonforge.launch` (prepare and run a server) and :mod:`tritonforge.bench`
+(evaluation contracts and the reliability suite).
 """
 
 import locale as _locale

@@ -20,8 +20,8 @@ import tempfile
 import timeit
 from pathlib import Path
 
-from tritonforge.guard import StreamGuard, redact
-from tritonforge.launcher import REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import REPO_ROOT, TritonServer
+from tritonforge.pipelines.guard import StreamGuard, redact
 
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
 SERVER_COLUMNS = (

@@ -43,8 +43,8 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launcher import REPO_ROOT, TritonServer
-from tritonforge.model_store import ensure_default_model
+from tritonforge.launch.launcher import REPO_ROOT, TritonServer
+from tritonforge.launch.model_store import ensure_default_model
 
 MODELS = ("vllm_model", "ensemble_vllm", "ensemble_vllm_py")
 SERVED = (*MODELS, "preprocessing", "preprocessing_py", "postprocessing")

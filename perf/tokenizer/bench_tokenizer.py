@@ -9,7 +9,7 @@ is at least as fast as HF `tokenizers` from Python.
     .venv/bin/python perf/tokenizer/bench_tokenizer.py   # -> perf/results/tokenizer/<UTC>/
 
 Needs the built tokenizer (scripts/build_tokenizer.sh), the default model
-(python -m tritonforge.model_store) and perf_analyzer (scripts/setup_bench_venv.sh).
+(python -m tritonforge.launch.model_store) and perf_analyzer (scripts/setup_bench_venv.sh).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launcher import CACHE_DIR, REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import CACHE_DIR, REPO_ROOT, TritonServer
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
@@ -50,7 +50,7 @@ SERVER_COLUMNS = (
 
 def prompt_of(hf: HfTokenizer, tokens: int) -> str:
     """Real English text (this repository's Python sources) cut to exactly `tokens` ids."""
-    source = "\n".join(p.read_text() for p in sorted((REPO_ROOT / "tritonforge").glob("*.py")))
+    source = "\n".join(p.read_text() for p in sorted((REPO_ROOT / "tritonforge").rglob("*.py")))
     ids = hf.encode(source).ids
     if len(ids) < tokens:
         raise SystemExit(f"not enough source text for a {tokens}-token prompt")

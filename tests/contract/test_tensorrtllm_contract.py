@@ -23,9 +23,9 @@ from tests.contract import trtllm_standin as trt
 from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics
 from tritonforge.engines.base import EngineOutput
 from tritonforge.engines.tensorrtllm import LlmApi, TensorRTLLMEngine, split_model_yaml
-from tritonforge.errors import RequestError
-from tritonforge.runtime import Runtime
-from tritonforge.schema import parse_request
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.schema import parse_request
 
 pytestmark = pytest.mark.contract
 

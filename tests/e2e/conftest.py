@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tritonforge.launcher import OpenAIFrontend, TritonServer
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 
 @pytest.fixture(scope="module")

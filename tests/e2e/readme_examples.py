@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonforge.launcher import MODEL_REPOSITORY, REPO_ROOT
+from tritonforge.launch.launcher import MODEL_REPOSITORY, REPO_ROOT
 
 #: The files whose request examples are run: the README and the pipelines' one.
 SOURCES = (REPO_ROOT / "README.md", REPO_ROOT / "ensembles" / "README.md")

@@ -31,7 +31,7 @@ from tests.e2e.client import (
     stream,
     wait_for,
 )
-from tritonforge.model_store import DEFAULT_MODEL_NAME, models_dir
+from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, models_dir
 
 #: Model name -> metric prefix of its engine.
 ENGINES = {"vllm_model": "vllm", "llamacpp_model": "llamacpp", "tensorrt_llm_model": "trtllm"}

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.e2e.client import generate, llm_inputs, metric, stream, wait_for
-from tritonforge.launcher import TritonServer
+from tritonforge.launch.launcher import TritonServer
 
 MODEL = "vllm_model"
 GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}

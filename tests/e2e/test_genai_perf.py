@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.launcher import REPO_ROOT
-from tritonforge.model_store import DEFAULT_MODEL_NAME, models_dir
+from tritonforge.launch.launcher import REPO_ROOT
+from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, models_dir
 
 BENCH_BIN = REPO_ROOT / ".venv-bench" / "bin"
 pytestmark = pytest.mark.server

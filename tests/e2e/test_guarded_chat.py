@@ -19,7 +19,7 @@ from tests.e2e.client import (
     stream,
     wait_for,
 )
-from tritonforge.guard import redact
+from tritonforge.pipelines.guard import redact
 
 pytestmark = pytest.mark.server
 

@@ -20,7 +20,7 @@ from tests.e2e.client import (
     stream,
     wait_for,
 )
-from tritonforge.launcher import TritonServer, free_ports
+from tritonforge.launch.launcher import TritonServer, free_ports
 
 MODEL = "vllm_model"
 pytestmark = [pytest.mark.server, pytest.mark.last]
@@ -152,7 +152,7 @@ def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
         "TRITONFORGE_OPENAI_PORT": str(openai),
     }
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tritonforge.launcher", "--models"],
+        [sys.executable, "-m", "tritonforge.launch.launcher", "--models"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

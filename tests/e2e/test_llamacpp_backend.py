@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import llm_inputs, metric, stream, wait_for
-from tritonforge.engine_config import load_engine_config
-from tritonforge.launcher import MODEL_REPOSITORY
+from tritonforge.engines.config import load_engine_config
+from tritonforge.launch.launcher import MODEL_REPOSITORY
 
 MODEL = "llamacpp_model"
 LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}

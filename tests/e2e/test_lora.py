@@ -1,6 +1,6 @@
 """LoRA end to end: real tritonserver, real vLLM and llama.cpp, two real adapters on SmolLM2.
 
-The adapters are made at setup time with ``peft`` (tritonforge.lora_store: seeded, saved
+The adapters are made at setup time with ``peft`` (tritonforge.launch.lora_store: seeded, saved
 as safetensors under ``.cache/``). Expected text is never written here: the reference
 is offline ``LLM.generate`` on this machine with the engine settings the server reads
 (``model.json``) and the same ``LoRARequest`` per adapter, one prompt at a time as the
@@ -17,9 +17,9 @@ import pytest
 
 from tests.e2e.client import bytes_input, generate, llm_inputs, metric, run_reference, stream
 from tests.e2e.readme_examples import Addresses, blocks, models, run_block
-from tritonforge.engine_config import load_engine_config, resolve_paths
-from tritonforge.launcher import TritonServer, server_environment
-from tritonforge.lora import load_adapters
+from tritonforge.engines.config import load_engine_config, resolve_paths
+from tritonforge.engines.lora import load_adapters
+from tritonforge.launch.launcher import TritonServer, server_environment
 
 MODEL = "vllm_lora_model"
 LLAMACPP = "llamacpp_lora_model"
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     """The two LoRA models, after their adapters exist (made once, cached under .cache/)."""
-    from tritonforge.lora_store import ensure_adapters
+    from tritonforge.launch.lora_store import ensure_adapters
 
     ensure_adapters(quiet=True)
     log = tmp_path_factory.mktemp("lora") / "server.log"
@@ -190,7 +190,7 @@ print("RESULT" + json.dumps(texts))
 @pytest.fixture(scope="module")
 def llamacpp_offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
     """llama-cpp-python itself, greedy, with each adapter's GGUF set on its context."""
-    from tritonforge.lora import GGUF_ADAPTER_FILE
+    from tritonforge.engines.lora import GGUF_ADAPTER_FILE
 
     version_dir = server.repository / LLAMACPP / "1"
     env = server_environment()

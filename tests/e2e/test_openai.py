@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import llm_inputs, metric, model_ready, stream, wait_for
-from tritonforge.launcher import OpenAIFrontend, TritonServer
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tritonforge.bench.services import VllmOpenAIService
-from tritonforge.launcher import OpenAIFrontend
+from tritonforge.launch.launcher import OpenAIFrontend
 
 pytestmark = [pytest.mark.server, pytest.mark.numerics]
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import OWN_SERVER_MODELS
 from tests.e2e.client import model_ready
 from tests.e2e.readme_examples import Addresses, Block, Curl, blocks, models, run_block, run_curl
-from tritonforge.launcher import OpenAIFrontend, TritonServer, example_request
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer, example_request
 
 pytestmark = pytest.mark.server
 

@@ -24,7 +24,7 @@ from tritonforge.bench.reliability import (
     mixed_load,
     sigterm_under_load,
 )
-from tritonforge.launcher import TritonServer
+from tritonforge.launch.launcher import TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -19,8 +19,8 @@ import pytest
 import requests
 
 from tests.e2e.client import control_model, llm_inputs, model_state, stream, wait_for
-from tritonforge.launcher import MODEL_REPOSITORY, TritonServer
-from tritonforge.model_store import DEFAULT_MODEL_NAME, gguf_path, models_dir
+from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer
+from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, gguf_path, models_dir
 from tritonforge.repo import cli
 
 pytestmark = [pytest.mark.server, pytest.mark.last]
@@ -113,7 +113,7 @@ def _status(server, path: str) -> int:
 def test_server_readiness_ignores_an_unloaded_model_so_k8s_probes_the_model(server) -> None:
     """Why deploy/k8s's readiness probe is /v2/models/<model>/ready, not /v2/health/ready.
 
-    A model whose engine died unloads itself before it reloads (tritonforge/restarts.py)
+    A model whose engine died unloads itself before it reloads (tritonforge/serving/restarts.py)
     and stays unloaded when its restarts are exhausted. Triton 2.51's strict server
     readiness counts loaded models only: it answers 200 while the model is gone.
     """

@@ -19,8 +19,8 @@ from tests.e2e.client import (
     stream,
     wait_for,
 )
-from tritonforge.engine_config import load_engine_config, resolve_paths
-from tritonforge.launcher import server_environment
+from tritonforge.engines.config import load_engine_config, resolve_paths
+from tritonforge.launch.launcher import server_environment
 
 MODEL = "vllm_model"
 GREEDY = {"temperature": 0, "max_tokens": 24}

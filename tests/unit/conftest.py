@@ -16,7 +16,7 @@ def tokenizer_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     return build_tokenizer_files(tmp_path_factory.mktemp("tokenizers"))
 
 
-# --- model repositories (tests/unit/test_repo_*.py) ----------------------------------
+# --- model repositories (tests/unit/repo/test_repo_*.py) ----------------------------------
 
 #: The smallest byte-level BPE tokenizer.json the C++ tokenizer accepts.
 TINY_TOKENIZER = {

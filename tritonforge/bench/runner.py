@@ -50,7 +50,7 @@ from tritonforge.bench.workload import (
     write_trace,
     write_workload,
 )
-from tritonforge.launcher import REPO_ROOT, server_environment
+from tritonforge.launch.launcher import REPO_ROOT, server_environment
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results"
 WARMUP_STREAM = 10_000
@@ -106,7 +106,7 @@ class RunPlan:
 
 
 def model_dir_for(contract: Contract) -> Path:
-    from tritonforge.model_store import DEFAULT_MODEL_NAME, ensure_default_model, models_dir
+    from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, ensure_default_model, models_dir
 
     if contract.model == DEFAULT_MODEL_NAME:
         return ensure_default_model(quiet=True)

@@ -26,8 +26,8 @@ import requests
 
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, Target, TargetKind
-from tritonforge.engine_config import expand_env
-from tritonforge.launcher import (
+from tritonforge.engines.config import expand_env
+from tritonforge.launch.launcher import (
     REPO_ROOT,
     OpenAIFrontend,
     TritonServer,

@@ -44,7 +44,7 @@ from tritonforge.bench.reliability import (
     models_to_load,
     sigterm_under_load,
 )
-from tritonforge.launcher import REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import REPO_ROOT, TritonServer
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "reliability"
 ENGINE_KILL = "tests/e2e/test_engine_restart.py"
@@ -90,7 +90,7 @@ def other_tritonservers() -> list[str]:
 def run(settings: SoakSettings, results_root: Path = RESULTS_ROOT) -> tuple[Path, SoakResult]:
     """Start the server, run the four scenarios, write results.json and report.md."""
     from tritonforge.bench.malformed import malformed_storm
-    from tritonforge.model_store import ensure_default_model
+    from tritonforge.launch.model_store import ensure_default_model
 
     console = Console(stderr=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonforge.bench.metrics import MeasuredRequest
+from tritonforge.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH_VENV = REPO_ROOT / ".venv-bench"
 STARTUP_ALLOWANCE_S = 90.0  # a tool's own start-up (services, tokenizer) before the first request
 LOG_TAIL_CHARS = 1500

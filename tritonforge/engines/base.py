@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
 
-from tritonforge.engine_config import resolve_paths
-from tritonforge.errors import RequestError
-from tritonforge.lora import LORA_FILE, LoraAdapter, load_adapters
-from tritonforge.sampling import SamplingParams
-from tritonforge.schema import GenerateRequest
+from tritonforge.engines.config import resolve_paths
+from tritonforge.engines.lora import LORA_FILE, LoraAdapter, load_adapters
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.schema import GenerateRequest
 
 Handle = TypeVar("Handle")
 

@@ -15,8 +15,8 @@ from typing import Any
 import llama_cpp
 from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, SchemaConverter
 
-from tritonforge.errors import RequestError
-from tritonforge.sampling import StructuredOutput
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.sampling import StructuredOutput
 
 STRUCTURED_FIELD = "sampling_parameters.structured_outputs"
 

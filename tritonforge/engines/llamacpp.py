@@ -12,7 +12,7 @@ stops costing compute after at most one token (prompt evaluation itself is not
 interruptible), and a request aborted while queued never reaches the context.
 
 llama.cpp hands back token ids; bytes become text through the core's
-:class:`~tritonforge.text_stream.TextStream` (UTF-8 safe, stop strings held back), so
+:class:`~tritonforge.engines.text_stream.TextStream` (UTF-8 safe, stop strings held back), so
 streamed and non-streamed answers are the same text. Each request evaluates its whole
 prompt from an empty KV cache: reusing a cached prefix would evaluate the last prompt
 token alone, whose logits differ in the last bits from a batched evaluation, and a
@@ -53,10 +53,10 @@ from tritonforge.engines.base import (
     stop_on_thread,
 )
 from tritonforge.engines.gbnf import compile_grammar
-from tritonforge.errors import RequestError
-from tritonforge.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
-from tritonforge.sampling import SamplingParams
-from tritonforge.text_stream import TextStream
+from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
+from tritonforge.engines.text_stream import TextStream
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.sampling import SamplingParams
 
 # --- the model's vocabulary, read once ------------------------------------------
 
@@ -214,7 +214,7 @@ class LlamaCppEngine(Engine):
             if not path.is_file():
                 raise FileNotFoundError(
                     f"{LORA_FILE}: adapter {adapter.name!r}: llama.cpp needs {path} (a GGUF "
-                    "LoRA; tritonforge.lora_store.write_gguf converts a PEFT adapter)"
+                    "LoRA; tritonforge.launch.lora_store.write_gguf converts a PEFT adapter)"
                 )
             self._lora_files[adapter.name] = path
         self.adapters = {adapter.name: adapter for adapter in adapters}

@@ -15,7 +15,7 @@ the contract test (tests/contract) drives the adapter against a stand-in of the
 documented API.
 
 Clients of upstream's model and of genai-perf ``--backend tensorrtllm`` are served by
-the Triton edge's :mod:`tritonforge.dialects.tensorrtllm`; the adapter sees only parsed
+the Triton edge's :mod:`tritonforge.serving.dialects.tensorrtllm`; the adapter sees only parsed
 requests.
 """
 
@@ -40,10 +40,10 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
-from tritonforge.errors import RequestError
-from tritonforge.lora import LORA_FILE, LoraAdapter
-from tritonforge.sampling import SamplingParams
-from tritonforge.text_stream import StopStringMatcher
+from tritonforge.engines.lora import LORA_FILE, LoraAdapter
+from tritonforge.engines.text_stream import StopStringMatcher
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.sampling import SamplingParams
 
 # --- the LLM API, loaded at model load ---------------------------------------------
 

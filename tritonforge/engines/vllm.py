@@ -51,8 +51,8 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
-from tritonforge.lora import LORA_FILE, LoraAdapter
-from tritonforge.sampling import SamplingParams
+from tritonforge.engines.lora import LORA_FILE, LoraAdapter
+from tritonforge.serving.sampling import SamplingParams
 
 
 class _SchedulerSnapshot(StatLoggerBase):

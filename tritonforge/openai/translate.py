@@ -24,7 +24,7 @@ from tritonforge.openai.protocol import (
     CompletionRequest,
     ResponseFormat,
 )
-from tritonforge.sampling import MAX_LOGPROBS
+from tritonforge.serving.sampling import MAX_LOGPROBS
 
 #: Body keys passed to the model's ``sampling_parameters`` under the same name: OpenAI's
 #: own, then vLLM's extras (its server takes them in the body too).

@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tritonforge.engine_config import load_engine_config
-from tritonforge.lora import GGUF_ADAPTER_FILE, LORA_FILE
+from tritonforge.engines.config import load_engine_config
+from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE
 from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
-from tritonforge.restarts import RestartPolicy
+from tritonforge.serving.restarts import RestartPolicy
 
 #: Names that work as a directory, in Triton's URLs (/v2/models/<name>) and in metrics.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 GGUF_MAGIC = b"GGUF"
-#: Engines whose adapters serve LoRA (tritonforge.lora).
+#: Engines whose adapters serve LoRA (tritonforge.engines.lora).
 LORA_ENGINES = ("vllm", "llamacpp", "tensorrt_llm")
 
 KnownArgsProvider = Callable[[str], KnownArgs | str]
@@ -193,7 +193,7 @@ def _check_requires(model_dir: Path, report: ModelReport) -> None:
     missing = [m for m in needs.read_text().split() if not is_installed(m)]
     if missing:
         report.note(
-            f"{', '.join(missing)} not installed here: `python -m tritonforge.launcher` "
+            f"{', '.join(missing)} not installed here: `python -m tritonforge.launch.launcher` "
             "leaves this model out on this machine"
         )
 

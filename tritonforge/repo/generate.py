@@ -165,7 +165,7 @@ def render(request: AddRequest, env: Mapping[str, str]) -> dict[str, dict[str, s
     files["requires.txt"] = spec.module + "\n"
     extra_inputs: tuple[dict[str, Any], ...] = ()
     if spec.key == "tensorrt_llm":
-        from tritonforge.dialects.tensorrtllm import INPUTS as TRTLLM_INPUTS
+        from tritonforge.serving.dialects.tensorrtllm import INPUTS as TRTLLM_INPUTS
 
         extra_inputs = tuple(TRTLLM_INPUTS)
     files["config.pbtxt"] = pbtxt.llm_config(

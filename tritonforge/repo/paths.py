@@ -3,7 +3,7 @@
 The shipped repository names its models ``$TRITONFORGE_MODELS/...`` and
 ``$TRITONFORGE_GGUF`` so one repository works in a clone and in a container. The
 generator writes paths the same way when it can, and the checks expand them with the
-environment the launcher gives the server, using :mod:`tritonforge.engine_config`'s
+environment the launcher gives the server, using :mod:`tritonforge.engines.config`'s
 rules (one expansion rule for the whole project).
 """
 
@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tritonforge.engine_config import resolve_path
-from tritonforge.model_store import gguf_path, models_dir
+from tritonforge.engines.config import resolve_path
+from tritonforge.launch.model_store import gguf_path, models_dir
 
 MODELS_VAR = "TRITONFORGE_MODELS"
 GGUF_VAR = "TRITONFORGE_GGUF"
@@ -24,7 +24,7 @@ GGUF_VAR = "TRITONFORGE_GGUF"
 def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a model's paths may use, with the launcher's defaults.
 
-    ``tritonforge.launcher`` sets ``TRITONFORGE_MODELS`` (the converted-models folder)
+    ``tritonforge.launch.launcher`` sets ``TRITONFORGE_MODELS`` (the converted-models folder)
     and ``TRITONFORGE_GGUF`` (the wheel's GGUF) for the server when they are unset; a
     check must expand paths with the same values or it would judge another file.
     """

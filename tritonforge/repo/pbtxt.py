@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonforge.tensors import BOOL_INPUTS, LLM_INPUTS, LLM_OUTPUTS
+from tritonforge.triton.tensors import BOOL_INPUTS, LLM_INPUTS, LLM_OUTPUTS
 
 ModelConfig = model_config_pb2.ModelConfig
 

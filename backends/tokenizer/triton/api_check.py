@@ -9,7 +9,7 @@ a C++17 translation unit of ``static_assert``s, so the compiler compares:
 
 * ``ours`` mode: our header against the facts (every function's return and parameter
   types, every constant's value; enum types count as ``std::int32_t``). Run by
-  ``tests/unit/test_tokenizer_triton_api.py`` and by the CMake target that
+  ``tests/unit/tokenizer/test_tokenizer_triton_api.py`` and by the CMake target that
   ``TRITONFORGE_BUILD_TESTS`` adds.
 * ``upstream`` mode: the facts against Triton's real headers, when a checkout of
   triton-inference-server/core at the pinned tag is at hand (``--upstream DIR``). This is

@@ -1,6 +1,6 @@
 """guard: redact e-mail addresses, phone numbers, payment cards and IBANs in a text.
 
-A stateless python model over :mod:`tritonforge.guard`. Python rather than C++ by
+A stateless python model over :mod:`tritonforge.pipelines.guard`. Python rather than C++ by
 measurement (docs/guard.md): scanning a chat-sized text costs tens of microseconds,
 well under the python backend's own per-request cost, and guarded_chat calls the same
 code in-process per streamed chunk, which a C++ model could only offer through a
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.guard import findings_json, redact
+from tritonforge.pipelines.guard import findings_json, redact
 
 
 def _text(request: Any) -> str:

@@ -1,10 +1,10 @@
-"""guarded_chat: a decoupled BLS model binding :mod:`tritonforge.guarded_chat` to Triton.
+"""guarded_chat: a decoupled BLS model binding :mod:`tritonforge.pipelines.guarded_chat` to Triton.
 
 ``execute`` validates each request (errors name the field), then serves it on its own
 thread and returns at once: a BLS call to the decoupled ``vllm_model`` blocks while it
 streams (in 24.10 even ``async_exec`` hands back a plain iterator), so running it on
 Triton's thread would serialise all clients. ``finalize`` cancels what is in flight
-through the :class:`~tritonforge.cancellation.CancelBoard` and waits for every thread,
+through the :class:`~tritonforge.serving.cancellation.CancelBoard` and waits for every thread,
 so an unload returns promptly and leaves no BLS request behind.
 
 Triton 2.51 workarounds W1 (the board) and W4 (a thread per request), see
@@ -22,9 +22,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.cancellation import CancelBoard
-from tritonforge.errors import EngineBusy, RequestError
-from tritonforge.guarded_chat import (
+from tritonforge.pipelines.guarded_chat import (
     RELAYED_RETURNS,
     ClientCancelled,
     GuardedChat,
@@ -33,8 +31,10 @@ from tritonforge.guarded_chat import (
     guard_inputs,
     sampling_json,
 )
-from tritonforge.schema import parse_request
-from tritonforge.triton_model import triton_error
+from tritonforge.serving.cancellation import CancelBoard
+from tritonforge.serving.errors import EngineBusy, RequestError
+from tritonforge.serving.schema import parse_request
+from tritonforge.triton.model import triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -49,7 +49,7 @@ def _error(exc: BaseException) -> Any:
 
 
 class _Outbox:
-    """A response sender as :class:`~tritonforge.guarded_chat.Outbox`.
+    """A response sender as :class:`~tritonforge.pipelines.guarded_chat.Outbox`.
 
     Exactly one FINAL per request, and nothing after it (python_backend 24.10 deletes
     the response factory on FINAL; Triton keeps the model UNLOADING until every request

@@ -16,7 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
-from tritonforge.engine_config import expand_env
+from tritonforge.engines.config import expand_env
 
 
 def _flag(name: str, value: object) -> bool:

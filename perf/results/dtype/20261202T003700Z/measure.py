@@ -47,8 +47,8 @@ print("RESULT" + json.dumps(out))
 def main() -> None:
     repo = Path(__file__).resolve().parents[4]
     sys.path.insert(0, str(repo))
-    from tritonforge.engine_config import load_engine_config, resolve_paths
-    from tritonforge.launcher import server_environment
+    from tritonforge.engines.config import load_engine_config, resolve_paths
+    from tritonforge.launch.launcher import server_environment
 
     env = server_environment()
     os.environ["TRITONFORGE_MODELS"] = env["TRITONFORGE_MODELS"]

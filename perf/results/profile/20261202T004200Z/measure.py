@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 import psutil
 
 from tests.e2e.client import llm_inputs, stream
-from tritonforge.launcher import TritonServer
+from tritonforge.launch.launcher import TritonServer
 
 WORDS = "river stone cloud paper lamp garden window music planet forest silver bridge".split()  # noqa: SIM905
 ROUNDS, PER_ROUND = int(os.environ.get("ROUNDS", 4)), int(os.environ.get("PER", 3))

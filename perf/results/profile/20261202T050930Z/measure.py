@@ -33,7 +33,7 @@ import requests
 
 from tests.e2e.client import llm_inputs, stream
 from tritonforge.bench.services import VllmOpenAIService
-from tritonforge.launcher import TritonServer, session_processes
+from tritonforge.launch.launcher import TritonServer, session_processes
 
 WORDS = "river stone cloud paper lamp garden window music planet forest silver bridge".split()  # noqa: SIM905
 ROUNDS, PER = int(os.environ.get("ROUNDS", 4)), int(os.environ.get("PER", 3))

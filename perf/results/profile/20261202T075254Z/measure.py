@@ -36,7 +36,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import llm_inputs
-from tritonforge.launcher import OpenAIFrontend, TritonServer
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 WORDS = "river stone cloud paper lamp garden window music planet forest silver bridge".split()  # noqa: SIM905
 ROUNDS, PER = int(os.environ.get("ROUNDS", 6)), int(os.environ.get("PER", 3))

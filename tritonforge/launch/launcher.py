@@ -1,0 +1,492 @@
+"""Run the real ``tritonserver`` (from the nvidia-pytriton wheel) on this project's models.
+
+The wheel carries a complete Triton 2.51 server, its python backend and a stub per
+Python version, but not laid out the way ``--backend-directory`` expects. This
+module assembles that layout under the clone's cache folder (symlinks, rebuilt on
+every start), adds this project's backends, sets the environment the stub needs
+(venv first on PATH, the interpreter's own libpython, a UTF-8 locale) and runs the
+server bound to 127.0.0.1. Stopping it stops the whole process group — the stubs
+and the engine processes they spawn — so nothing is left running. ``main`` (``make
+serve``) also runs the OpenAI-compatible API (:mod:`tritonforge.openai`) beside it, on
+the same bind address, and stops it with the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib.util
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from tritonforge.paths import CACHE_DIR, MODEL_REPOSITORY, REPO_ROOT
+
+BACKENDS_SRC = REPO_ROOT / "backends"
+STOP_TIMEOUT_S = 60.0
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{name} is not installed in {sys.prefix} (run `make serve` once)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def triton_home() -> Path:
+    """``pytriton/tritonserver`` inside the venv: bin/, backends/python, stubs, caches."""
+    return _package_dir("pytriton") / "tritonserver"
+
+
+def triton_libs() -> Path:
+    return _package_dir("pytriton").parent / "nvidia_pytriton.libs"
+
+
+def assemble_backend_dir(target: Path) -> Path:
+    """Lay out ``<target>/python`` (python backend + stub) and one folder per own backend.
+
+    A Python-based backend is a folder holding ``model.py``; a C++ backend is a
+    folder holding ``libtriton_<name>.so`` built under ``build/backends``.
+    """
+    if target.exists():
+        shutil.rmtree(target)
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True)
+    home = triton_home()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"the Triton wheel ships no stub for Python {version}: {stub}")
+    for source in (
+        home / "backends" / "python" / "libtriton_python.so",
+        home / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
+        shutil.copy2(source, python_dir / source.name)
+    for backend in sorted(BACKENDS_SRC.iterdir()):
+        if (backend / "model.py").is_file():
+            (target / backend.name).mkdir()
+            shutil.copy2(backend / "model.py", target / backend.name / "model.py")
+    built = REPO_ROOT / "build" / "backends"
+    if built.is_dir():
+        for library in built.glob("*/libtriton_*.so"):
+            (target / library.parent.name).mkdir(exist_ok=True)
+            shutil.copy2(library, target / library.parent.name / library.name)
+    return target
+
+
+def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the server, its stubs and their engines need (each setting says why)."""
+    env = dict(base if base is not None else os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    # The stub links libpython3.11: it must be this interpreter's, not Debian's older
+    # one, or the standard library's C modules fail with undefined symbols.
+    lib_dirs = [sysconfig.get_config_var("LIBDIR") or "", str(triton_libs())]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [d for d in lib_dirs if d] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    )
+    # The stub's interpreter runs isolated with an ASCII locale unless told otherwise.
+    # Triton 2.51 workaround W6, see docs/triton-2.51-workarounds.md.
+    env.setdefault("LANG", "C.UTF-8")
+    env.setdefault("LC_ALL", "C.UTF-8")
+    env.setdefault("TRITONFORGE_MODELS", str(CACHE_DIR / "models"))
+    if "TRITONFORGE_GGUF" not in env:  # llamacpp_model's model.json names $TRITONFORGE_GGUF
+        from tritonforge.launch.model_store import gguf_path
+
+        with contextlib.suppress(FileNotFoundError):
+            env["TRITONFORGE_GGUF"] = str(gguf_path())
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    return env
+
+
+def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
+    """Models in the repository whose engine can run on this machine.
+
+    A model may name a Python module it needs in ``requires.txt`` beside its
+    config (TensorRT-LLM on a machine without it, for example); such models are
+    left out of the default start-up rather than failing the whole server.
+    """
+    names = []
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        needs = config.parent / "requires.txt"
+        modules = needs.read_text().split() if needs.is_file() else []
+        if all(importlib.util.find_spec(m) is not None for m in modules):
+            names.append(config.parent.name)
+    return names
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM the server if the launcher dies, even by SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+#: Ports picked here come from [PORT_FLOOR, the OS's ephemeral range) (see free_port).
+PORT_FLOOR = 10000
+_handed_out: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the OS hands to ``bind(0)`` and outgoing connections (Linux's setting)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999  # Linux's default
+
+
+def free_port() -> int:
+    """A port free now, below the ephemeral range, not handed out before by this process.
+
+    Not the OS's ``bind(0)`` pick: tritonserver binds its ports only after loading its
+    models, a minute later, and meanwhile any process may be given the same port by the
+    OS — a run lost its Triton that way to vLLM's server starting beside it ("Socket
+    '127.0.0.1:…' already in use"). The OS never hands out ports below its ephemeral
+    range, so there only an explicit bind can collide, and a bound port fails the check.
+    """
+    low, _ = ephemeral_range()
+    if low - PORT_FLOOR < 1000:  # an unusual range: let the OS choose, as before
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(PORT_FLOOR, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): try another
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {PORT_FLOOR}-{low - 1}")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (free_port never hands out one twice)."""
+    return sorted(free_port() for _ in range(count))
+
+
+def session_processes(leader_pid: int) -> list[psutil.Process]:
+    """Every live process in the session a ``start_new_session`` child leads."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(proc.pid) == leader_pid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def stop_session(
+    process: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S, *, signal_group: bool = False
+) -> int | None:
+    """SIGTERM a session leader, wait for it, then SIGKILL whatever is left of its session.
+
+    tritonserver takes SIGTERM alone and stops its stubs itself (they finalise their
+    models); ``signal_group`` sends it to the whole process group instead, for servers
+    whose workers must hear it directly (vLLM's engine core).
+    """
+    if signal_group or process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            if signal_group:
+                os.killpg(process.pid, signal.SIGTERM)
+            else:
+                process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    leftovers = session_processes(process.pid)
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+    return process.returncode
+
+
+def wait_until_ready(
+    process: subprocess.Popen | None,
+    url: str,
+    what: str,
+    timeout_s: float,
+    poll_s: float = 0.5,
+    on_exit: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll ``url`` until it answers 200; fail at once if ``process`` exits first.
+
+    ``on_exit`` adds detail (a log tail) to the error of a process that died.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}{on_exit()}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process group: start, wait until ready, stop without leftovers."""
+
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    models: Sequence[str] | None = None
+    repository: Path = MODEL_REPOSITORY
+    extra_args: Sequence[str] = ()
+    log_path: Path | None = None
+    host: str = "127.0.0.1"
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    @classmethod
+    def on_free_ports(cls, **settings: Any) -> TritonServer:
+        """A server on three distinct free ports, never the 8000-8002 a developer may use."""
+        http, grpc, metrics = free_ports(3)
+        return cls(http_port=http, grpc_port=grpc, metrics_port=metrics, **settings)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self, backend_dir: Path) -> list[str]:
+        binary = triton_home() / "bin" / "tritonserver"
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backend_dir}",
+            f"--cache-directory={triton_home() / 'caches'}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--model-control-mode=explicit",
+            "--exit-timeout-secs=30",
+        ]
+        models = self.models if self.models is not None else available_models(self.repository)
+        cmd += [f"--load-model={name}" for name in models]
+        return cmd + list(self.extra_args)
+
+    def start(self, backend_dir: Path | None = None) -> None:
+        # One backend directory per server (by HTTP port): assembling it deletes the old
+        # one, and a second server (the tests' beside `make serve`, or a test's own beside
+        # the session's) must not pull the stub out from under a running one.
+        backend_dir = assemble_backend_dir(
+            backend_dir or CACHE_DIR / "backends" / f"http-{self.http_port}"
+        )
+        stdout = self.log_path.open("ab") if self.log_path else None
+        self.process = subprocess.Popen(
+            self.command(backend_dir),
+            env=server_environment(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            start_new_session=True,  # its own process group: we stop stubs and engines with it
+            preexec_fn=_terminate_with_parent,
+        )
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        url = f"http://{self.http_url}/v2/health/ready"
+        wait_until_ready(self.process, url, "tritonserver", timeout_s)
+
+    def descendants(self) -> list[psutil.Process]:
+        """The server's live child processes: stubs and the engine processes they start."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(self.process.pid).children(recursive=True)
+        return []
+
+    def group_processes(self) -> list[psutil.Process]:
+        """Every live process in the server's session (server, stubs, engine workers)."""
+        return session_processes(self.process.pid) if self.process is not None else []
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM the server (it unloads models, stubs finalise), then kill what remains."""
+        return stop_session(self.process, timeout_s) if self.process is not None else None
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _client_host(host: str) -> str:
+    """Where a local client reaches a server bound to ``host`` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+@dataclass
+class OpenAIFrontend:
+    """``python -m tritonforge.openai`` for one Triton server, as a process group of its own.
+
+    Started beside tritonserver by ``make serve`` and by the tests; stopped the same way
+    (SIGTERM, then whatever is left of its session is killed), and it dies with the
+    launcher even if the launcher is SIGKILLed.
+    """
+
+    triton_grpc: str
+    port: int = 9000
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+    extra_args: Sequence[str] = ()
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    @classmethod
+    def on_free_port(cls, triton_grpc: str, **settings: Any) -> OpenAIFrontend:
+        return cls(triton_grpc=triton_grpc, port=free_port(), **settings)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL clients use (``…/v1``)."""
+        return f"http://{_client_host(self.host)}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "tritonforge.openai",
+            f"--triton-grpc={self.triton_grpc}",
+            f"--host={self.host}",
+            f"--port={self.port}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        stdout = self.log_path.open("ab") if self.log_path else None
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        url = f"http://{_client_host(self.host)}:{self.port}/health"
+        wait_until_ready(self.process, url, "the OpenAI frontend", timeout_s, poll_s=0.2)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        return stop_session(self.process, timeout_s) if self.process is not None else None
+
+
+def _port(env_name: str, default: int) -> int:
+    return int(os.environ.get(env_name, default))
+
+
+def example_request(server: TritonServer, model: str) -> str:
+    """The request the ready line suggests: it must generate something on any CPU, so the
+    prompt is one a small greedy model continues (tests/e2e/test_readme_examples.py runs
+    it), and only the generated text comes back (no echoed prompt)."""
+    return (
+        f"curl -s -X POST http://{server.http_url}/v2/models/{model}/generate "
+        '-d \'{"text_input": "The three primary colours are", "exclude_input_in_output": true, '
+        '"parameters": {"max_tokens": 16, "temperature": 0}}\''
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Serve model_repository/ with the real tritonserver (foreground).",
+        epilog="Arguments after -- go to tritonserver unchanged.",
+    )
+    parser.add_argument("--models", nargs="*", help="models to load (default: all that can run)")
+    parser.add_argument("--host", default=os.environ.get("TRITON_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--no-openai",
+        action="store_true",
+        help="do not start the OpenAI-compatible API (port TRITONFORGE_OPENAI_PORT, 9000)",
+    )
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+
+    from tritonforge.launch.model_store import ensure_default_model
+
+    ensure_default_model()
+    server = TritonServer(
+        http_port=_port("TRITON_HTTP_PORT", 8000),
+        grpc_port=_port("TRITON_GRPC_PORT", 8001),
+        metrics_port=_port("TRITON_METRICS_PORT", 8002),
+        models=args.models,
+        extra_args=extra,
+        host=args.host,
+    )
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    frontend = None
+    if not args.no_openai:
+        frontend = OpenAIFrontend(
+            triton_grpc=f"{_client_host(server.host)}:{server.grpc_port}",
+            port=_port("TRITONFORGE_OPENAI_PORT", 9000),
+            host=server.host,
+        )
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        server.start()
+        server.wait_ready()
+        openai = ""
+        if frontend is not None:
+            frontend.start()
+            frontend.wait_ready()
+            openai = f"OpenAI API {frontend.base_url}, "
+        models = server.models if server.models is not None else available_models()
+        first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
+        print(
+            f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
+            f"metrics {server.metrics_url}, {openai}models: {', '.join(models)}. "
+            f"Try: {example_request(server, first)}",
+            flush=True,
+        )
+        return server.process.wait() if server.process else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

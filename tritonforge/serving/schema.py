@@ -1,0 +1,260 @@
+"""The request schema: raw Triton inputs in, one typed :class:`GenerateRequest` out.
+
+Tensor names and defaults follow upstream vllm_backend so its clients (and genai-perf
+``--backend vllm``) work unchanged; ``messages`` (chat) and ``input_ids`` (token-level
+ensembles) are this project's additions. Parsing is pure — numpy arrays and a
+parameters mapping — so it is unit-tested without a server, and every rule that fails
+names the input or key it concerns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.sampling import (
+    SamplingParams,
+    build_sampling,
+    decode_json_object,
+    parse_sampling,
+    parse_sampling_value,
+)
+
+PROMPT_INPUTS = ("text_input", "messages", "input_ids")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# Parameters that Triton's frontends use for transport; they are not sampling keys.
+TRANSPORT_PARAMETERS = frozenset(
+    {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
+)
+
+
+@dataclass(frozen=True)
+class ReturnFlags:
+    """Optional outputs a client asked for (``return_<name>`` inputs)."""
+
+    finish_reason: bool = False
+    cumulative_logprob: bool = False
+    logprobs: bool = False
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
+    output_ids: bool = False
+
+
+RETURN_INPUTS = tuple(f"return_{name}" for name in ReturnFlags.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated generation request; exactly one of the three prompt forms is set."""
+
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    stream: bool = False
+    prepend_input: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    returns: ReturnFlags = field(default_factory=ReturnFlags)
+
+
+def _single(name: str, array: np.ndarray) -> Any:
+    if array.size != 1:
+        raise RequestError(name, f"expected exactly one element, got shape {tuple(array.shape)}")
+    return array.reshape(-1)[0]
+
+
+def _text(name: str, array: np.ndarray) -> str:
+    value = _single(name, array)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(name, f"is not valid UTF-8 (byte {exc.start})") from None
+    if isinstance(value, str):
+        return value
+    raise RequestError(name, f"expected a string (BYTES), got {array.dtype}")
+
+
+def _flag(name: str, array: np.ndarray) -> bool:
+    value = _single(name, array)
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise RequestError(name, f"expected a BOOL tensor, got {array.dtype}")
+
+
+def _messages(raw: str) -> tuple[dict[str, str], ...]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestError("messages", f"is not valid JSON ({exc.msg})") from None
+    if isinstance(value, dict) and "messages" in value:
+        value = value["messages"]  # accept an OpenAI request body's wrapper too
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages", "must be a non-empty JSON list of {role, content} objects")
+    result = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(where, "must be an object with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise RequestError(f"{where}.role", f"must be one of {CHAT_ROLES}, got {role!r}")
+        if not isinstance(content, str):
+            raise RequestError(f"{where}.content", "must be a string")
+        extra = sorted(set(message) - {"role", "content", "name"})
+        if extra:
+            raise RequestError(f"{where}.{extra[0]}", "unknown key; use role, content, name")
+        result.append({k: v for k, v in message.items() if k in ("role", "content", "name")})
+    return tuple(result)
+
+
+def _token_ids(array: np.ndarray) -> tuple[int, ...]:
+    if array.dtype.kind not in "iu":
+        raise RequestError("input_ids", f"expected INT32 or INT64 token ids, got {array.dtype}")
+    ids = array.reshape(-1)
+    if ids.size == 0:
+        raise RequestError("input_ids", "must hold at least one token id")
+    if (ids < 0).any():
+        raise RequestError("input_ids", f"token ids must be >= 0, got {int(ids.min())}")
+    return tuple(int(t) for t in ids)
+
+
+_Prompt = tuple[str | None, tuple[dict[str, str], ...] | None, tuple[int, ...] | None]
+
+
+def parse_request(
+    inputs: Mapping[str, np.ndarray],
+    parameters: Mapping[str, Any] | None = None,
+    dialect_sampling: Mapping[str, Any] | None = None,
+) -> GenerateRequest:
+    """Build a :class:`GenerateRequest` from input tensors and request parameters.
+
+    Sampling keys may come as request parameters and in the ``sampling_parameters``
+    tensor; when both name a key, the tensor wins (it is the more explicit channel).
+    ``dialect_sampling`` holds typed values an engine's input dialect already read
+    from tensors of their own (see :meth:`Engine.translate_inputs`); they rank
+    between request parameters and the ``sampling_parameters`` tensor.
+
+    The parts are read in a fixed order (prompt, echo, returns, sampling), so a request
+    with several mistakes always reports the same one first.
+    """
+    prompt, messages, prompt_ids = _prompt(inputs)
+    stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
+    returns = _returns(inputs, token_level=prompt_ids is not None)
+    sampling = _sampling(inputs, parameters, dialect_sampling, logprobs=returns.logprobs)
+    return GenerateRequest(
+        prompt=prompt,
+        messages=messages,
+        prompt_ids=prompt_ids,
+        stream=stream,
+        prepend_input=prepend_input,
+        sampling=sampling,
+        returns=returns,
+    )
+
+
+def _prompt(inputs: Mapping[str, np.ndarray]) -> _Prompt:
+    """The one prompt form given: (text, chat messages, token ids), the others None."""
+    given = [name for name in PROMPT_INPUTS if name in inputs]
+    if len(given) != 1:
+        raise RequestError(
+            "text_input",
+            f"give exactly one of {', '.join(PROMPT_INPUTS)}; got {', '.join(given) or 'none'}",
+        )
+    if "text_input" in inputs:
+        prompt = _text("text_input", inputs["text_input"])
+        if not prompt.strip():
+            raise RequestError("text_input", "must not be empty")
+        return prompt, None, None
+    if "messages" in inputs:
+        return None, _messages(_text("messages", inputs["messages"])), None
+    return None, None, _token_ids(inputs["input_ids"])
+
+
+def _echo(inputs: Mapping[str, np.ndarray], text_prompt: bool) -> tuple[bool, bool]:
+    """``(stream, prepend_input)``: whether to stream, and whether to echo the prompt.
+
+    Upstream semantics: a non-streamed text prompt is echoed before the output unless
+    exclude_input_in_output is set; streaming never echoes and refuses to be asked to.
+    """
+    stream = _flag("stream", inputs["stream"]) if "stream" in inputs else False
+    if "exclude_input_in_output" in inputs:
+        exclude = _flag("exclude_input_in_output", inputs["exclude_input_in_output"])
+        if stream and not exclude:
+            raise RequestError(
+                "exclude_input_in_output", "must be true (or omitted) when stream is true"
+            )
+    else:
+        exclude = stream
+    return stream, text_prompt and not exclude
+
+
+def _returns(inputs: Mapping[str, np.ndarray], token_level: bool) -> ReturnFlags:
+    """The ``return_<name>`` flags a client set, with this project's one default.
+
+    Token ids in, token ids out: a token-level caller (an ensemble's LLM step, whose
+    inputs come only from the ensemble's tensors) gets output_ids unless it opts out.
+    """
+    flags = {
+        name.removeprefix("return_"): _flag(name, inputs[name])
+        for name in RETURN_INPUTS
+        if name in inputs
+    }
+    flags.setdefault("output_ids", token_level)
+    return ReturnFlags(**flags)
+
+
+def _sampling(
+    inputs: Mapping[str, np.ndarray],
+    parameters: Mapping[str, Any] | None,
+    dialect_sampling: Mapping[str, Any] | None,
+    logprobs: bool,
+) -> SamplingParams:
+    """Merge the three sampling channels, lowest rank first (see :func:`parse_request`).
+
+    ``return_logprobs`` without a ``logprobs`` count asks for the sampled token's only.
+    The ``lora_name`` tensor ranks just below the ``sampling_parameters`` tensor.
+    """
+    params = {k: v for k, v in (parameters or {}).items() if k not in TRANSPORT_PARAMETERS}
+    from_params = parse_sampling(params, "parameters")
+    from_tensor: dict[str, Any] = {}
+    if "sampling_parameters" in inputs:
+        raw = _text("sampling_parameters", inputs["sampling_parameters"])
+        from_tensor = parse_sampling(
+            decode_json_object(raw, "sampling_parameters"), "sampling_parameters"
+        )
+    layers = (
+        from_params,
+        dict(dialect_sampling or {}),
+        _lora_tensor(inputs, from_tensor),
+        from_tensor,
+    )
+    sampling = build_sampling(*layers)
+    if logprobs and sampling.logprobs is None:
+        sampling = build_sampling(*layers, {"logprobs": 0})
+    return sampling
+
+
+def _lora_tensor(
+    inputs: Mapping[str, np.ndarray], from_tensor: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The adapter the ``lora_name`` input names (upstream vllm_backend's tensor), if sent.
+
+    A client that names two different adapters (the tensor and the ``sampling_parameters``
+    key) made a mistake either way: refuse rather than pick one silently.
+    """
+    if "lora_name" not in inputs:
+        return {}
+    name = parse_sampling_value("lora_name", _text("lora_name", inputs["lora_name"]), "lora_name")
+    other = from_tensor.get("lora_name")
+    if other is not None and other != name:
+        raise RequestError(
+            "lora_name",
+            f"names adapter {name!r} but sampling_parameters.lora_name names {other!r}; "
+            "send one of them",
+        )
+    return {"lora_name": name}

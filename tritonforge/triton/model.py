@@ -1,0 +1,263 @@
+"""The Triton edge: ``TritonPythonModel`` for any engine, and nothing engine-specific.
+
+This is the only module that touches ``triton_python_backend_utils``. It turns Triton
+requests into input arrays for :func:`parse_request`, hands parsed requests to the
+:class:`Runtime`, and turns the runtime's outputs and errors into Triton responses.
+Clients speaking another request dialect (:mod:`tritonforge.serving.dialects`) have their
+tensors mapped onto the common schema here, before parsing. A backend's ``model.py``
+is two lines: ``make_model(SomeEngine)`` (plus its dialect, if it has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.engines.base import Engine
+from tritonforge.engines.config import load_engine_config
+from tritonforge.serving.cancellation import CancelBoard
+from tritonforge.serving.dialects import COMMON, Dialect
+from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.serving.restarts import RestartLedger, RestartPolicy
+from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.schema import parse_request
+from tritonforge.triton.metrics import TritonMetrics
+from tritonforge.triton.reaper import start_reaper
+from tritonforge.triton.server_watch import watch_server
+from tritonforge.triton.tensors import LLM_INPUTS, LLM_OUTPUTS
+
+
+def triton_error(exc: BaseException) -> Any:
+    """Map core exceptions to Triton error codes clients can act on."""
+    if isinstance(exc, RequestError):
+        code = pb_utils.TritonError.INVALID_ARG
+    elif isinstance(exc, EngineBusy | EngineUnavailable | DeadlineExceeded):
+        # python_backend 24.10 has no DEADLINE_EXCEEDED; Triton answers its own expired
+        # request timeouts UNAVAILABLE too (HTTP 503, gRPC UNAVAILABLE).
+        code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, asyncio.CancelledError):
+        code = pb_utils.TritonError.CANCELLED
+    else:
+        code = pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(str(exc) or type(exc).__name__, code)
+
+
+class TritonChannel:
+    """A request's response sender, as the runtime's :class:`~tritonforge.serving.runtime.Channel`.
+
+    A request is cancelled when Triton says so or when the BLS model that sent it
+    marked its id on the :class:`CancelBoard` (Triton 24.10 BLS cannot cancel):
+    Triton 2.51 workaround W1 (and W2 in :meth:`send`), see docs/triton-2.51-workarounds.md.
+
+    Exactly one response carries the FINAL flag, and once it is sent the sender is
+    never touched again: python_backend 24.10 deletes a request's response factory on
+    FINAL, and a later ``is_cancelled()`` or ``send()`` makes the parent look up a
+    factory that is gone. Triton keeps a model UNLOADING until every request has had
+    its FINAL, so a lost one wedges the unload.
+    """
+
+    _board = CancelBoard()  # Triton 2.51 workaround W1
+
+    def __init__(self, sender: Any, request_id: str = "") -> None:
+        self._sender = sender
+        self._request_id = request_id
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once the FINAL response went out (or was attempted)."""
+        return self._closed
+
+    def send(
+        self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
+    ) -> None:
+        if self._closed:
+            return
+        self._closed = final
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if isinstance(error, asyncio.CancelledError) and self._board.is_cancelled(self._request_id):
+            # The BLS caller cancelled and expects no more: end quietly. An error response
+            # sent after execute() returned never reaches a python-backend 24.10 BLS
+            # caller and wedges its unload.
+            # Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
+            self._sender.send(flags=flags)
+            return
+        if error is not None:
+            response = pb_utils.InferenceResponse(error=triton_error(error))
+        elif tensors is not None:
+            response = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(name, array) for name, array in tensors.items()]
+            )
+        else:
+            self._sender.send(flags=flags)
+            return
+        try:
+            self._sender.send(response, flags=flags)
+        except Exception:
+            if final:  # the response could not go out: the FINAL flag still must
+                with contextlib.suppress(Exception):
+                    self._sender.send(flags=flags)
+            raise
+
+    def is_cancelled(self) -> bool:
+        if self._closed:
+            return False  # finished: its response factory no longer exists
+        return self._sender.is_cancelled() or self._board.is_cancelled(self._request_id)
+
+
+def triton_timeout_s(request: Any) -> float | None:
+    """Triton's own request timeout in seconds, None if the client set none.
+
+    Clients set it as the ``timeout`` request parameter in microseconds (tritonclient's
+    ``timeout=``); Triton's frontends consume it and python_backend hands it over as
+    ``request.timeout()``, 0 meaning none. Triton itself enforces it only in a
+    dynamic batcher's queue, which these models do not have: the runtime does.
+    """
+    micros = request.timeout()
+    return micros / 1_000_000 if micros else None
+
+
+def _request_parameters(request: Any) -> dict[str, Any]:
+    raw = request.parameters()
+    if not raw:
+        return {}
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    return value if isinstance(value, dict) else {}
+
+
+class LLMModel:
+    """Base of every LLM ``TritonPythonModel``; subclasses set ``engine_class``."""
+
+    engine_class: type[Engine]
+    #: The request dialect clients may speak besides the common schema.
+    dialect: Dialect = COMMON
+
+    @classmethod
+    def auto_complete_config(cls, config: Any) -> Any:
+        present = config.as_dict()
+        have_inputs = {i["name"] for i in present.get("input", [])}
+        have_outputs = {o["name"] for o in present.get("output", [])}
+        for spec in [*LLM_INPUTS, *cls.dialect.inputs]:
+            if spec["name"] not in have_inputs:
+                config.add_input(spec)
+        for spec in LLM_OUTPUTS:
+            if spec["name"] not in have_outputs:
+                config.add_output(spec)
+        # Decoupled: the engine batches on its own and streams many responses per request.
+        config.set_model_transaction_policy({"decoupled": True})
+        config.set_max_batch_size(0)
+        return config
+
+    def initialize(self, args: dict[str, str]) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise ValueError(
+                f"{args['model_name']}: set model_transaction_policy {{ decoupled: true }} in "
+                "config.pbtxt; LLM models stream and batch inside the engine"
+            )
+        parameters = {
+            key: value.get("string_value", "")
+            for key, value in model_config.get("parameters", {}).items()
+        }
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        engine_config = load_engine_config(version_dir, self.engine_class.config_file.name)
+        engine = self.engine_class.from_config(engine_config, version_dir)
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.model_name = args["model_name"]
+        self.restart_policy = RestartPolicy.from_parameters(parameters)
+        self.restarts = RestartLedger(self.model_name)
+        self._restart_cause: str | None = None
+        self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
+        self.metrics.count_restarts(self.restarts.total())  # carried over from old stubs
+        # Whatever ends this stub, its engine's processes end with it (reaper.py).
+        self._reaper = start_reaper()
+        self.runtime = Runtime(
+            engine,
+            self.metrics,
+            pb_utils.Logger,
+            max_inflight=int(parameters.get("max_inflight", "256")),
+            cancellation_poll_s=engine.cancellation_poll_s,
+            on_engine_failure=self._engine_failed,
+            shutdown_watch=watch_server(),
+        )
+        self.runtime.start()
+
+    def _engine_failed(self, cause: str) -> None:
+        """The engine died (response thread): leave service now, come back in finalize.
+
+        Unloading itself makes Triton report the model not ready at once; Triton then
+        calls ``finalize`` when the requests the runtime just failed have all had their
+        final response, and ``finalize`` loads the model again (see restarts.py).
+        """
+        if self.restart_policy.max_restarts == 0:
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({cause}); restarts are off "
+                "(engine_restart_max 0): unloading it"
+            )
+        self._restart_cause = cause
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as exc:  # not in explicit model-control mode
+            self._restart_cause = None
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({cause}) and the model "
+                f"cannot take itself out of service ({exc}); run tritonserver with "
+                "--model-control-mode=explicit. Until then it answers UNAVAILABLE."
+            )
+
+    def _restart(self) -> None:
+        """Load this model again, after a backoff, unless it restarted too often."""
+        policy = self.restart_policy
+        times = self.restarts.record()
+        attempt = RestartLedger.attempt(times, policy)
+        if attempt > policy.max_restarts:
+            pb_utils.Logger.log_error(
+                f"[tritonforge] {self.model_name}: engine failed ({self._restart_cause}); "
+                f"not restarting: {attempt - 1} restart(s) in the last {policy.window_s:.0f} s "
+                f"(engine_restart_max {policy.max_restarts}). Load it again by hand."
+            )
+            return
+        delay = policy.delay_s(attempt)
+        pb_utils.Logger.log_error(
+            f"[tritonforge] {self.model_name}: engine failed ({self._restart_cause}); "
+            f"restart {attempt}/{policy.max_restarts} in {delay:.1f} s"
+        )
+        time.sleep(delay)
+        try:
+            pb_utils.load_model(self.model_name)
+        except Exception as exc:  # the server is shutting down, or the load failed
+            pb_utils.Logger.log_error(f"[tritonforge] {self.model_name}: reload failed: {exc}")
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            channel = TritonChannel(request.get_response_sender(), request.request_id())
+            try:
+                raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                inputs, dialect_sampling = self.dialect.translate(raw)
+                parsed = parse_request(inputs, _request_parameters(request), dialect_sampling)
+                self.runtime.submit(parsed, channel, triton_timeout_s(request))
+            except (RequestError, EngineBusy, EngineUnavailable) as exc:
+                channel.send(None, exc, True)
+            except Exception as exc:
+                pb_utils.Logger.log_error(f"[tritonforge] execute failed: {exc!r}")
+                channel.send(None, exc, True)
+        return None
+
+    def finalize(self) -> None:
+        self.runtime.stop()  # the response thread is done: nothing records any more
+        self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
+        if self._restart_cause is not None and self.restart_policy.max_restarts > 0:
+            self._restart()
+
+
+def make_model(engine_class: type[Engine], dialect: Dialect = COMMON) -> type[LLMModel]:
+    """The ``TritonPythonModel`` class for one engine and the request dialect it accepts."""
+    attributes = {"engine_class": engine_class, "dialect": dialect}
+    return type("TritonPythonModel", (LLMModel,), attributes)
