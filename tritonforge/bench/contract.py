@@ -229,8 +229,8 @@ class Saturation(Strict):
         default=0.9,
         gt=0,
         le=1,
-        description="a round holds only if completions per second kept up with arrivals "
-        "per second to at least this ratio",
+        description="a round holds only if its completions over its wall time reached at "
+        "least this ratio of the rate it would have shown with no request queued",
     )
 
 

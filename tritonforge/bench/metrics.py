@@ -23,11 +23,15 @@ Definitions (all per measured level):
   never count toward it, and both count against the error budget.
 - offered req/s (open loop): arrivals per second as sent, (sent - 1) / (last start -
   first start) — the Poisson draw's own rate, not the contract's nominal one.
-- achieved req/s (open loop): completions per second, (finished - 1) / (last finished
-  end - first finished end). Both are measured *between* requests, so a short level's
-  tail (the last request's latency) does not read as a shortfall: while the server keeps
-  up, completions follow arrivals shifted by the latency and achieved ≈ offered; once
-  it saturates, the queue grows and completions spread out behind the arrivals.
+- achieved req/s (open loop): completions over the level's wall time, finished / (first
+  request start → last completion). Requests that finish together read as what they
+  are — so many answers in so long — never as a burst rate.
+- kept-up req/s (open loop): what achieved would read had no request waited in a queue:
+  finished / (first start → the last end with every finished request's time to first token
+  as short as the level's shortest). A server keeping up ends the level at about that
+  time — its last arrivals' own service time after the last arrival — so achieved ≈
+  kept-up however short the level; a saturated one queues, its requests wait longer for
+  their first token, and achieved falls below kept-up.
 """
 
 from __future__ import annotations
@@ -127,7 +131,8 @@ class LevelMetrics(BaseModel):
     goodput_share: float
     slo_met: bool
     offered_rps: float | None = None  # arrivals/s between the first and last request sent
-    achieved_rps: float | None = None  # completions/s between the first and last finished
+    achieved_rps: float | None = None  # finished / (first start → last completion)
+    kept_up_rps: float | None = None  # the achieved rate had no request queued
     error_samples: list[str] = []
     noise: NoiseSample | None = None  # the machine around this round (runner fills it)
 
@@ -169,6 +174,46 @@ def rate_between(stamps_ns: Sequence[int]) -> float | None:
         return None
     span_s = (max(stamps_ns) - min(stamps_ns)) / 1e9
     return (len(stamps_ns) - 1) / span_s if span_s > 0 else None
+
+
+def _per_second(count: int, start_ns: int, end_ns: int) -> float | None:
+    span_s = (end_ns - start_ns) / 1e9
+    return count / span_s if span_s > 0 else None
+
+
+def achieved_rate(records: Sequence[MeasuredRequest]) -> float | None:
+    """Finished requests over the level's wall time (first start → last completion).
+
+    None when the tool sent nothing; 0 when something was sent and nothing finished.
+    """
+    starts = [r.start_ns for r in records if r.sent]
+    finished = [r for r in records if r.state == "finished"]
+    if not starts:
+        return None
+    if not finished:
+        return 0.0
+    return _per_second(len(finished), min(starts), max(r.end_ns for r in finished))
+
+
+def kept_up_rate(records: Sequence[MeasuredRequest]) -> float | None:
+    """Finished requests over the wall time the level would have had with no queue.
+
+    Each finished request's end is moved earlier by the time it waited for its first
+    token beyond the level's shortest wait; its own decoding stays as it was. The same
+    count as :func:`achieved_rate`, so their ratio is about time alone (errors and short
+    answers count against goodput). None without a finished request.
+    """
+    starts = [r.start_ns for r in records if r.sent]
+    finished = [r for r in records if r.state == "finished"]
+    if not starts or not finished:
+        return None
+    quickest_ms = min((r.ttft_ms for r in finished if r.ttft_ms is not None), default=0.0)
+
+    def unqueued_end(r: MeasuredRequest) -> int:
+        extra_wait_ms = 0.0 if r.ttft_ms is None else r.ttft_ms - quickest_ms
+        return r.end_ns - int(extra_wait_ms * 1e6)
+
+    return _per_second(len(finished), min(starts), max(unqueued_end(r) for r in finished))
 
 
 def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> LevelMetrics:
@@ -218,9 +263,7 @@ def summarize(level: float, records: Sequence[MeasuredRequest], slo: Slo) -> Lev
         goodput_share=good / len(records),
         slo_met=slo_met,
         offered_rps=rate_between([r.start_ns for r in records if r.sent]),
-        # Fewer than two finished of two or more sent: nothing kept up (0), not unknown.
-        achieved_rps=rate_between([r.end_ns for r in finished])
-        if len(finished) >= 2
-        else (0.0 if len(records) >= 2 else None),
+        achieved_rps=achieved_rate(records),
+        kept_up_rps=kept_up_rate(records),
         error_samples=samples,
     )

@@ -378,7 +378,7 @@ def _capacity(result: RunResult) -> list[str]:
         "## Capacity (open loop, Poisson arrivals)",
         "",
         f"A round *holds* when its goodput share is ≥ {rule.min_goodput_share:.0%} and its "
-        f"achieved rate is ≥ {rule.min_achieved_ratio:.0%} of its offered rate; a rate "
+        f"achieved rate is ≥ {rule.min_achieved_ratio:.0%} of its kept-up rate; a rate "
         "*held* when every round held, *broke* when none did, is *inconclusive* when they "
         "disagree. The saturation point is the highest rate that held with every rate "
         "below it (perf/README.md, tritonforge/bench/saturation.py).",
@@ -397,21 +397,24 @@ def _capacity(result: RunResult) -> list[str]:
         "",
         "### Goodput vs offered rate",
         "",
-        "Offered = arrivals/s as sent, achieved = completions/s, both between the first and "
-        "last request of the round; goodput = achieved × (within SLO / finished). Medians "
-        "over the "
-        "rounds (min–max).",
+        "Offered = arrivals/s as sent (between the first and last arrival); achieved = "
+        "finished requests over the round's wall time (first start → last completion); "
+        "kept-up = what achieved would read had no request waited in a queue (each one's "
+        "first-token wait cut to the round's shortest); goodput = achieved × (within SLO / "
+        "finished). Medians over the rounds (min–max).",
         "",
-        "| target | rate | rounds held | offered req/s | achieved req/s | achieved / offered "
-        "| goodput share | goodput req/s | TTFT p95 (ms) | TPOT p95 (ms) | state |",
-        "|---|---:|:-:|---|---|---|---|---|---|---|---|",
+        "| target | rate | rounds held | offered req/s | achieved req/s | kept-up req/s "
+        "| achieved / kept-up | goodput share | goodput req/s | TTFT p95 (ms) | TPOT p95 (ms) "
+        "| state |",
+        "|---|---:|:-:|---|---|---|---|---|---|---|---|---|",
     ]
     for sat in result.saturation:
         for lv in sat.levels:
             out.append(
                 f"| {sat.target} | {lv.rate:g} | {lv.held}/{lv.rounds} "
                 f"| {_spread(lv.offered_rps, 2)} | {_spread(lv.achieved_rps, 2)} "
-                f"| {_spread(lv.achieved_ratio, 2)} | {_spread(lv.goodput_share, 2)} "
+                f"| {_spread(lv.kept_up_rps, 2)} | {_spread(lv.achieved_ratio, 2)} "
+                f"| {_spread(lv.goodput_share, 2)} "
                 f"| {_spread(lv.goodput_rps, 2)} | {_spread(lv.ttft_p95_ms, 0)} "
                 f"| {_spread(lv.tpot_p95_ms)} | {lv.state} |"
             )

@@ -127,7 +127,8 @@ class RateLevel(BaseModel):
     state: LevelState
     offered_rps: Spread | None = None
     achieved_rps: Spread | None = None
-    achieved_ratio: Spread | None = None
+    kept_up_rps: Spread | None = None  # the achieved rate had no request queued
+    achieved_ratio: Spread | None = None  # achieved / kept-up, per round
     goodput_share: Spread | None = None
     goodput_rps: Spread | None = None  # achieved req/s x good / finished, per round
     ttft_p95_ms: Spread | None = None

@@ -8,9 +8,11 @@ rule is judged round by round, like a comparison's verdict:
 - a **round holds** when both
   - its goodput share (requests finished within both SLO bounds, over all sent — an
     error or a short answer counts against it) is at least ``min_goodput_share``, and
-  - its achieved rate kept up with its offered rate: completions/s ≥
-    ``min_achieved_ratio`` x arrivals/s (both measured between requests, see
-    :mod:`tritonforge.bench.metrics`);
+  - it kept up: its achieved rate (completions over the level's wall time) is at
+    least ``min_achieved_ratio`` x its kept-up rate, the rate the same requests would
+    have shown had none of them waited in a queue (see :mod:`tritonforge.bench.metrics`).
+    Comparing with the arrival rate instead would call every short level broken: its
+    wall time includes the last requests' own service time, queue or not;
   a round the tool could not complete (no numbers) does not hold;
 - a **rate** *held* when every round held, *broke* when no round held, and is
   *inconclusive* when the rounds disagree;
@@ -45,9 +47,10 @@ from tritonforge.bench.results import (
 
 
 def achieved_ratio(m: LevelMetrics) -> float | None:
-    if m.offered_rps is None or m.achieved_rps is None or m.offered_rps <= 0:
+    """Achieved over kept-up rate: about 1 while the server keeps up, lower once it queues."""
+    if m.kept_up_rps is None or m.achieved_rps is None or m.kept_up_rps <= 0:
         return None
-    return m.achieved_rps / m.offered_rps
+    return m.achieved_rps / m.kept_up_rps
 
 
 def open_goodput_rps(m: LevelMetrics) -> float | None:
@@ -98,6 +101,7 @@ def rate_level(target: TargetResult, rate: float, rule: Saturation) -> RateLevel
         state=level_state(holds),
         offered_rps=over(lambda m: m.offered_rps),
         achieved_rps=over(lambda m: m.achieved_rps),
+        kept_up_rps=over(lambda m: m.kept_up_rps),
         achieved_ratio=over(achieved_ratio),
         goodput_share=over(lambda m: m.goodput_share),
         goodput_rps=over(open_goodput_rps),

@@ -134,23 +134,51 @@ def round_at(
     short: int = 0,
     latency_s: float = 0.5,
 ) -> list[MeasuredRequest]:
-    """n arrivals at ``rate``; completions at ``keep_up`` x that rate; ``late`` miss TTFT."""
+    """n arrivals at ``rate``; completions at ``keep_up`` x that rate; ``late`` miss TTFT.
+
+    A request that ends later than its own ``latency_s`` waited in a queue: like on a
+    real server, that wait is part of its time to first token.
+    """
     out = []
     for i in range(n):
         start, end = i / rate, latency_s + i / (rate * keep_up)
-        ttft = 5000.0 if i < late else 100.0
+        end = max(end, start + 0.2)
+        queued_ms = max(0.0, end - start - latency_s) * 1000
+        ttft = (5000.0 if i < late else 100.0) + queued_ms
         tokens = 3 if late <= i < late + short else 8
-        out.append(request(i, start, max(end, start + 0.2), ttft_ms=ttft, output_tokens=tokens))
+        out.append(request(i, start, end, ttft_ms=ttft, output_tokens=tokens))
     return out
 
 
-def test_offered_and_achieved_rates_are_measured_between_requests() -> None:
+@pytest.mark.parametrize("answers", ["together at the end", "spread out"])
+def test_achieved_is_finished_requests_over_the_levels_wall_time(answers: str) -> None:
+    """20 requests that took 89 s are ~0.22 req/s, however their completions spread."""
+    records = [
+        request(i, i / 0.71, 89 - i / 40 if answers == "together at the end" else 30 + i * 59 / 19)
+        for i in range(20)
+    ]
+    m = summarize(1.0, records, SLO)
+    assert max(r.end_ns for r in records) == 89 * S
+    assert m.offered_rps == pytest.approx(0.71)
+    assert m.achieved_rps == pytest.approx(20 / 89) and m.achieved_rps < 0.23
+
+
+def test_a_short_level_that_keeps_up_reads_as_kept_up_despite_its_tail() -> None:
     m = summarize(2.0, round_at(2.0, n=10, latency_s=3.0), SLO)
-    # A 3 s latency tail does not read as a shortfall: 9 gaps of 0.5 s each way.
-    assert m.offered_rps == pytest.approx(2.0) and m.achieved_rps == pytest.approx(2.0)
-    assert m.requests_s < 1.5  # the wall-time figure would have
+    # Wall time 4.5 s of arrivals + the last request's own 3 s: 10 / 7.5 s.
+    assert m.offered_rps == pytest.approx(2.0) and m.achieved_rps == pytest.approx(10 / 7.5)
+    assert m.kept_up_rps == pytest.approx(m.achieved_rps)
+    assert saturation.achieved_ratio(m) == pytest.approx(1.0)
     slow = summarize(2.0, round_at(2.0, n=10, keep_up=0.5), SLO)
-    assert slow.achieved_rps == pytest.approx(1.0)
+    assert slow.achieved_rps == pytest.approx(10 / 9.5)  # the last answer at 9.5 s
+    assert saturation.achieved_ratio(slow) == pytest.approx(5.0 / 9.5)  # queued: 5 s expected
+
+
+def test_nothing_finished_is_a_rate_of_zero_and_no_kept_up_rate() -> None:
+    records = [request(i, i, i + 1, ok=False, error="boom") for i in range(3)]
+    m = summarize(1.0, records, SLO)
+    assert m.achieved_rps == 0.0 and m.kept_up_rps is None
+    assert saturation.achieved_ratio(m) is None
 
 
 def test_a_request_the_tool_never_sent_is_not_an_arrival() -> None:
@@ -289,12 +317,14 @@ def test_the_report_gives_goodput_per_rate_and_each_targets_saturation_point() -
     assert "request-rate sweep (1 +1 up to 5)" in text
     assert "| triton-http | **2 req/s** (broke at 3) | saturated | – |" in text
     assert "| vllm-openai | inconclusive: 1 req/s held, rounds disagree at 2 |" in text
-    # rate, rounds held, offered, achieved, ratio, goodput share, goodput req/s
+    # rate, rounds held, offered, achieved, kept-up, ratio, goodput share, goodput req/s:
+    # the last of 10 answers at 5.5 s where 3.5 s had nothing queued; half of them queued
+    # past the TTFT bound
     assert (
-        "| triton-http | 3 | 0/3 | 3.00 (3.00–3.00) | 1.80 (1.80–1.80) | 0.60 (0.60–0.60) " in text
+        "| triton-http | 3 | 0/3 | 3.00 (3.00–3.00) | 1.82 (1.82–1.82) | 2.86 (2.86–2.86) "
+        "| 0.64 (0.64–0.64) | 0.50 (0.50–0.50) | 0.91 (0.91–0.91) |" in text
     )
-    assert "| 0.60 (0.60–0.60) | 1.00 (1.00–1.00) | 1.80 (1.80–1.80) |" in text  # <= achieved
-    assert "| vllm-openai | 2 | 2/3 | 2.00 (2.00–2.00) |" in text
+    assert "| vllm-openai | 2 | 2/3 | 2.00 (2.00–2.00) | 2.00 (2.00–2.00) |" in text
     assert "| 1.00 (0.70–1.00) | 2.00 (1.40–2.00) |" in text  # the LATE round: 7 of 10 good
     assert "points are measurements, not verdicts" not in text
 
