@@ -10,6 +10,7 @@ tidied for the linter.
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tritonforge.bench.perf_analyzer_driver import chat_messages
 from tritonforge.bench.services import TritonService
 from tritonforge.bench.tools import tool_binary
 
-OUT = Path("/tmp/frontend-cpu")
+OUT = Path(tempfile.gettempdir()) / "frontend-cpu"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"]
 WORDS += ["hotel", "india", "juliet", "kilo", "lima", "mike"]
 PARAMS = {"max_tokens": 32, "temperature": 0.0, "ignore_eos": True}
