@@ -143,13 +143,14 @@ def test_shutdown_leaves_no_process(own_server) -> None:
 
 def test_launcher_stops_the_server_on_sigterm(tmp_path) -> None:
     """`make serve` runs the launcher in the foreground: SIGTERM must stop everything."""
-    http, grpc, metrics, openai = free_ports(4)
+    http, grpc, metrics, openai, launcher_metrics = free_ports(5)
     env = {
         **os.environ,
         "TRITON_HTTP_PORT": str(http),
         "TRITON_GRPC_PORT": str(grpc),
         "TRITON_METRICS_PORT": str(metrics),
         "TRITONFORGE_OPENAI_PORT": str(openai),
+        "TRITONFORGE_LAUNCHER_METRICS_PORT": str(launcher_metrics),
     }
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tritonforge.launch.launcher", "--models"],

@@ -8,7 +8,8 @@ every start), adds this project's backends, sets the environment the stub needs
 server bound to 127.0.0.1. Stopping it stops the whole process group — the stubs
 and the engine processes they spawn — so nothing is left running. ``main`` (``make
 serve``) also runs the OpenAI-compatible API (:mod:`tritonforge.openai`) beside it, on
-the same bind address, and stops it with the server.
+the same bind address, stops it with the server, and restarts a server that dies
+unexpectedly (:mod:`tritonforge.launch.supervisor`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import psutil
 import requests
 
+from tritonforge.launch.supervisor import RestartPolicy, Supervisor
 from tritonforge.paths import CACHE_DIR, MODEL_REPOSITORY, REPO_ROOT
 
 BACKENDS_SRC = REPO_ROOT / "backends"
@@ -423,9 +425,10 @@ def example_request(server: TritonServer, model: str) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Serve model_repository/ with the real tritonserver (foreground).",
+        description="Serve model_repository/ with the real tritonserver (foreground), "
+        "restarting it if it dies.",
         epilog="Arguments after -- go to tritonserver unchanged.",
     )
     parser.add_argument("--models", nargs="*", help="models to load (default: all that can run)")
@@ -435,9 +438,42 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not start the OpenAI-compatible API (port TRITONFORGE_OPENAI_PORT, 9000)",
     )
-    args, extra = parser.parse_known_args(argv)
-    extra = [a for a in extra if a != "--"]
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=RestartPolicy.max_restarts,
+        help="restarts of a crashed tritonserver allowed per --restart-window "
+        f"(default {RestartPolicy.max_restarts}; 0: never restart)",
+    )
+    parser.add_argument(
+        "--restart-window",
+        type=float,
+        default=RestartPolicy.window_s,
+        help=f"seconds (default {RestartPolicy.window_s:.0f})",
+    )
+    return parser
 
+
+def _ready_line(server: TritonServer, frontend: OpenAIFrontend | None, metrics_port: int) -> str:
+    models = server.models if server.models is not None else available_models()
+    first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
+    openai = f"OpenAI API {frontend.base_url}, " if frontend is not None else ""
+    return (
+        f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
+        f"metrics {server.metrics_url}, {openai}launcher metrics "
+        f"http://127.0.0.1:{metrics_port}/metrics, models: {', '.join(models)}. "
+        f"Try: {example_request(server, first)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make serve``: tritonserver under a :class:`Supervisor`, the OpenAI API beside it.
+
+    Ctrl-C or SIGTERM stops everything (no restart); an unexpected exit of tritonserver
+    is restarted (see tritonforge/launch/supervisor.py) while the OpenAI frontend keeps
+    running and answers 503 meanwhile.
+    """
+    args, extra = _parser().parse_known_args(argv)
     from tritonforge.launch.model_store import ensure_default_model
 
     ensure_default_model()
@@ -446,13 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         grpc_port=_port("TRITON_GRPC_PORT", 8001),
         metrics_port=_port("TRITON_METRICS_PORT", 8002),
         models=args.models,
-        extra_args=extra,
+        extra_args=[a for a in extra if a != "--"],
         host=args.host,
     )
-
-    def _terminate(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
     frontend = None
     if not args.no_openai:
         frontend = OpenAIFrontend(
@@ -460,32 +492,30 @@ def main(argv: list[str] | None = None) -> int:
             port=_port("TRITONFORGE_OPENAI_PORT", 9000),
             host=server.host,
         )
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    supervisor = Supervisor(server, policy)
+    metrics_port = _port("TRITONFORGE_LAUNCHER_METRICS_PORT", 8003)
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        server.start()
-        server.wait_ready()
-        openai = ""
+        supervisor.metrics.serve("127.0.0.1", metrics_port)
+        supervisor.start()
         if frontend is not None:
             frontend.start()
             frontend.wait_ready()
-            openai = f"OpenAI API {frontend.base_url}, "
-        models = server.models if server.models is not None else available_models()
-        first = "vllm_model" if "vllm_model" in models else (models[0] if models else "")
-        print(
-            f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
-            f"metrics {server.metrics_url}, {openai}models: {', '.join(models)}. "
-            f"Try: {example_request(server, first)}",
-            flush=True,
-        )
-        return server.process.wait() if server.process else 1
+        print(_ready_line(server, frontend, metrics_port), flush=True)
+        return supervisor.run()
     except KeyboardInterrupt:
         return 0
     finally:
         if frontend is not None:
             frontend.stop()
         print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
-        server.stop()
+        supervisor.stop()
+        supervisor.metrics.close()
 
 
 if __name__ == "__main__":

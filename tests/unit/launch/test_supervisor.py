@@ -1,0 +1,209 @@
+"""The launcher's supervisor against a stand-in server process that really crashes.
+
+The stand-in is a shell leading its own session with a background child that ignores
+SIGTERM (a server with a stub), which then dies by a real signal or exit code: what the
+supervisor sees of a crashing tritonserver. The real server under the launcher is
+killed in tests/e2e/test_crash_recovery.py; these cover the policy fast.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+import requests
+
+from tritonforge.launch.launcher import free_port, session_processes, stop_session
+from tritonforge.launch.supervisor import (
+    RestartPolicy,
+    Supervisor,
+    SupervisorMetrics,
+    exit_cause,
+)
+
+#: A child left behind in the session (ignores SIGTERM), then the leader's end.
+CRASH_SEGV = "(trap '' TERM; sleep 60) & sleep 0.2; kill -SEGV $$"
+EXIT_3 = "sleep 0.2; exit 3"
+SERVE = "(trap '' TERM; sleep 60) & sleep 60"
+
+
+@dataclass
+class StandIn:
+    """A server whose n-th start runs ``scripts[n]`` (the last one for every later start)."""
+
+    scripts: Sequence[str]
+    models: Sequence[str] | None = None
+    process: subprocess.Popen | None = None
+    starts: list[Sequence[str] | None] = field(default_factory=list)
+    sessions: list[int] = field(default_factory=list)
+    http_url: str = "127.0.0.1:1"
+
+    def start(self) -> None:
+        script = self.scripts[min(len(self.starts), len(self.scripts) - 1)]
+        self.starts.append(self.models)
+        self.process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+        self.sessions.append(self.process.pid)
+
+    def wait_ready(self) -> None:
+        pass
+
+    def stop(self) -> int | None:
+        return stop_session(self.process, timeout_s=5) if self.process is not None else None
+
+
+def supervise(server: StandIn, **settings) -> tuple[Supervisor, list[float]]:
+    delays: list[float] = []
+    policy = RestartPolicy(initial_backoff_s=0.5, max_backoff_s=1.0, max_restarts=3, window_s=60)
+    supervisor = Supervisor(
+        server,
+        settings.pop("policy", policy),
+        poll_s=0.05,
+        read_models=settings.pop("read_models", lambda _url: None),
+        log=lambda _message: None,
+        sleep=delays.append,  # the backoff is recorded, not waited
+        **settings,
+    )
+    return supervisor, delays
+
+
+def in_thread(supervisor: Supervisor) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("code", supervisor.run()))
+    thread.start()
+    return thread, outcome
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_exit_cause_names_the_signal_or_the_code() -> None:
+    assert exit_cause(-11) == "SIGSEGV"
+    assert exit_cause(-9) == "SIGKILL"
+    assert exit_cause(1) == "exit code 1"
+
+
+def test_backoff_doubles_up_to_its_cap_and_the_window_limits_restarts() -> None:
+    policy = RestartPolicy(initial_backoff_s=1, max_backoff_s=5, max_restarts=4, window_s=100)
+    assert [policy.next_delay(t) for t in (0, 1, 2, 3)] == [1, 2, 4, 5]
+    assert policy.next_delay(4) is None  # a 5th restart within 100 s
+    assert policy.next_delay(99) is None
+    # Once the first restarts leave the window, restarts are allowed again; after a
+    # quiet window the backoff starts from the beginning.
+    assert policy.next_delay(100.5) == 5
+    assert policy.next_delay(1000) == 1
+
+
+def test_a_crashed_server_is_restarted_with_backoff_and_counted_by_cause() -> None:
+    server = StandIn([CRASH_SEGV, EXIT_3, SERVE], models=["a"])
+    supervisor, delays = supervise(server)
+    supervisor.start()
+    thread, outcome = in_thread(supervisor)
+    try:
+        wait_for(lambda: len(server.starts) == 3)
+        assert supervisor.exits == ["SIGSEGV", "exit code 3"]
+        assert delays == [0.5, 1.0]  # doubled, capped at 1.0
+        counted = supervisor.metrics.restarts
+        assert counted.labels(cause="SIGSEGV")._value.get() == 1
+        assert counted.labels(cause="exit code 3")._value.get() == 1
+        # The crashed servers' leftover children were ended before each restart.
+        assert not session_processes(server.sessions[0])
+        assert not session_processes(server.sessions[1])
+    finally:
+        supervisor.stop()
+        thread.join(10)
+    assert outcome["code"] == 0  # a deliberate stop
+    assert not thread.is_alive()
+    assert not session_processes(server.sessions[-1])
+
+
+def test_restarts_stop_at_the_windows_limit() -> None:
+    server = StandIn([EXIT_3])
+    supervisor, delays = supervise(server)
+    supervisor.start()
+    assert supervisor.run() == 1  # gave up
+    assert len(server.starts) == 4  # the first start and 3 restarts
+    assert delays == [0.5, 1.0, 1.0]
+    assert supervisor.metrics.up._value.get() == 0
+    assert all(not session_processes(pid) for pid in server.sessions)
+
+
+def test_a_deliberate_stop_is_not_restarted() -> None:
+    server = StandIn([SERVE])
+    supervisor, delays = supervise(server)
+    supervisor.start()
+    thread, outcome = in_thread(supervisor)
+    time.sleep(0.2)
+    supervisor.stop()
+    thread.join(10)
+    assert not thread.is_alive() and outcome["code"] == 0
+    assert len(server.starts) == 1 and delays == [] and supervisor.exits == []
+    assert not session_processes(server.sessions[0])
+
+
+def test_a_clean_exit_is_taken_as_a_stop() -> None:
+    # tritonserver exits 0 only when it was told to stop (SIGTERM/SIGINT sent to it).
+    server = StandIn(["sleep 0.1; exit 0"])
+    supervisor, delays = supervise(server)
+    supervisor.start()
+    assert supervisor.run() == 0
+    assert len(server.starts) == 1 and delays == []
+
+
+def test_a_restart_loads_the_models_served_at_the_crash() -> None:
+    """Models loaded (and unloaded) over HTTP since the start are followed."""
+    served = iter([["a"], ["a", "b"], ["b", "c"]])
+    latest: list[str] = []
+
+    def read_models(_url: str) -> list[str]:
+        latest[:] = next(served, latest)
+        return list(latest)
+
+    server = StandIn(["sleep 0.4; kill -SEGV $$", SERVE], models=["a"])
+    supervisor, _ = supervise(server, read_models=read_models)
+    supervisor.start()
+    thread, _ = in_thread(supervisor)
+    try:
+        wait_for(lambda: len(server.starts) == 2)
+        assert server.starts[1] == ["b", "c"]
+    finally:
+        supervisor.stop()
+        thread.join(10)
+
+
+def test_an_unanswered_index_keeps_the_last_known_models() -> None:
+    answers = iter([["a", "b"]])
+    server = StandIn(["sleep 0.3; kill -KILL $$", SERVE], models=["a"])
+    supervisor, _ = supervise(server, read_models=lambda _url: next(answers, None))
+    supervisor.start()
+    thread, _ = in_thread(supervisor)
+    try:
+        wait_for(lambda: len(server.starts) == 2)
+        assert server.starts[1] == ["a", "b"]
+        assert supervisor.exits == ["SIGKILL"]
+    finally:
+        supervisor.stop()
+        thread.join(10)
+
+
+def test_the_restart_counter_is_served_over_http() -> None:
+    metrics = SupervisorMetrics()
+    port = free_port()
+    metrics.serve("127.0.0.1", port)
+    try:
+        metrics.restarts.labels(cause="SIGSEGV").inc()
+        metrics.up.set(1)
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        metrics.close()
+    assert 'tritonforge_tritonserver_restarts_total{cause="SIGSEGV"} 1.0' in text
+    assert "tritonforge_tritonserver_up 1.0" in text
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -1,0 +1,234 @@
+"""Keep tritonserver serving through a crash: restart it, with the models it had loaded.
+
+Triton 2.51 (r24.10, the server the nvidia-pytriton wheel ships) can die under ordinary
+client behaviour — upstream fixed segfaults in its cancellation paths only in later
+releases (README.md, "Reliability") — and no newer server binary installs from a
+package registry. So ``make serve``'s launcher watches the server process and, when it
+exits without having been asked to, starts it again:
+
+- after a bounded exponential backoff (a server that dies at once is not restarted in a
+  tight loop), and at most ``max_restarts`` times per ``window_s`` (past that the
+  launcher gives up and stops everything: something is wrong that a restart cannot fix);
+- with the models that were loaded when it died: the server runs in explicit
+  model-control mode, so models loaded or unloaded over HTTP since the start are
+  followed by polling the repository index while it runs;
+- each exit logged with its cause (signal name or exit code) and counted in
+  ``tritonforge_tritonserver_restarts_total{cause=…}``, served by the launcher itself on
+  127.0.0.1 (see :class:`SupervisorMetrics`).
+
+An exit with code 0 is a deliberate stop (tritonserver exits 0 after a SIGTERM or
+SIGINT it was sent directly) and is not restarted; neither is anything after
+:meth:`Supervisor.stop`, which is how the launcher's own Ctrl-C / SIGTERM ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import requests
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+#: Repository index states that mean "this model is (being) served": a model still
+#: LOADING when the server died was asked for, so it is asked for again.
+SERVED_STATES = frozenset({"READY", "LOADING"})
+
+
+class Supervised(Protocol):
+    """What the supervisor needs of a server: a ``launcher.TritonServer``."""
+
+    models: Sequence[str] | None
+    process: Any
+
+    @property
+    def http_url(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def wait_ready(self) -> None: ...
+
+    def stop(self) -> int | None: ...
+
+
+def exit_cause(returncode: int) -> str:
+    """``SIGSEGV`` for a death by signal (Popen's negative code), else ``exit code N``."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-returncode).name
+        return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class RestartPolicy:
+    """Bounded exponential backoff and a limit of restarts per time window.
+
+    The delay doubles from ``initial_backoff_s`` up to ``max_backoff_s`` with each
+    restart inside the window and starts again from the beginning once the server has
+    stayed up for ``window_s`` (the window forgets the old restarts).
+    """
+
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    max_restarts: int = 5
+    window_s: float = 600.0
+    _restarts: deque[float] = field(default_factory=deque, init=False, repr=False)
+
+    def next_delay(self, now: float) -> float | None:
+        """The wait before the next restart, or None once the window's limit is reached."""
+        while self._restarts and now - self._restarts[0] > self.window_s:
+            self._restarts.popleft()
+        if len(self._restarts) >= self.max_restarts:
+            return None
+        delay = min(self.max_backoff_s, self.initial_backoff_s * 2 ** len(self._restarts))
+        self._restarts.append(now)
+        return delay
+
+
+class SupervisorMetrics:
+    """The launcher's own Prometheus series, in a registry of their own.
+
+    Triton's metrics port belongs to the process that dies, and a counter of its
+    restarts must outlive it: so the launcher serves these itself (``serve``).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.restarts = Counter(
+            "tritonforge_tritonserver_restarts",
+            "tritonserver restarts by the launcher, by exit cause (signal name or exit code)",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.up = Gauge(
+            "tritonforge_tritonserver_up",
+            "1 while tritonserver is ready, 0 while it is down or restarting",
+            registry=self.registry,
+        )
+        self.recovery = Gauge(
+            "tritonforge_tritonserver_last_recovery_seconds",
+            "seconds from the last unexpected exit to the restarted server being ready",
+            registry=self.registry,
+        )
+        self._server: Any = None
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve /metrics on ``host:port`` from a daemon thread (prometheus_client's)."""
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def served_models(http_url: str, timeout_s: float = 2.0) -> list[str] | None:
+    """Models the server serves now (repository index: READY or LOADING); None if it
+    does not answer (the last known set then stands)."""
+    try:
+        reply = requests.post(f"http://{http_url}/v2/repository/index", timeout=timeout_s)
+        reply.raise_for_status()
+        return sorted({m["name"] for m in reply.json() if m.get("state") in SERVED_STATES})
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return None
+
+
+def _log(message: str) -> None:
+    print(f"tritonforge: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Supervisor:
+    """Run ``server`` until a deliberate stop, restarting it after an unexpected exit."""
+
+    server: Supervised
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    metrics: SupervisorMetrics = field(default_factory=SupervisorMetrics)
+    poll_s: float = 2.0
+    read_models: Callable[[str], list[str] | None] = served_models
+    log: Callable[[str], None] = _log
+    sleep: Callable[[float], None] = time.sleep
+    #: Models to load at the next start: the last set seen served.
+    models: list[str] | None = None
+    exits: list[str] = field(default_factory=list)
+    _stopping: bool = False
+
+    def start(self) -> None:
+        """The first start: as configured, ready before this returns."""
+        self.server.start()
+        self.server.wait_ready()
+        self.metrics.up.set(1)
+        self._track_models()
+
+    def run(self) -> int:
+        """Watch the server; return 0 after a deliberate stop, 1 once the restart limit
+        is reached."""
+        while True:
+            code = self._watch()
+            self.metrics.up.set(0)
+            if self._stopping or code == 0:
+                return 0
+            died = time.monotonic()
+            cause = exit_cause(code)
+            self.exits.append(cause)
+            delay = self.policy.next_delay(died)
+            if delay is None:
+                self.log(
+                    f"tritonserver died ({cause}); {self.policy.max_restarts} restarts within "
+                    f"{self.policy.window_s:.0f} s already: giving up"
+                )
+                return 1
+            if not self._restart(cause, delay, died):
+                return 0  # stopped on purpose while restarting
+
+    def stop(self) -> None:
+        """A deliberate stop: no restart after this, the server stops (and its group)."""
+        self._stopping = True
+        self.server.stop()
+
+    def _watch(self) -> int:
+        """Wait for the server to exit, reading its served models every ``poll_s``."""
+        process = self.server.process
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return process.wait(timeout=self.poll_s)
+            if not self._stopping:
+                self._track_models()
+
+    def _track_models(self) -> None:
+        seen = self.read_models(self.server.http_url)
+        if seen is not None and self.server.process.poll() is None:
+            self.models = seen
+
+    def _restart(self, cause: str, delay: float, died: float) -> bool:
+        """Clear the dead server's group, wait ``delay``, start it with the models it
+        served; False if a deliberate stop came meanwhile. A server that dies again while
+        loading is left to the next round of :meth:`run`."""
+        self.metrics.restarts.labels(cause=cause).inc()
+        models = self.models if self.models is not None else self.server.models
+        self.log(
+            f"tritonserver died ({cause}); restart {len(self.exits)} in {delay:.1f} s "
+            f"with models: {', '.join(models or []) or '(none)'}"
+        )
+        self.server.stop()  # its stubs and engine processes outlive it: end them first
+        self.sleep(delay)
+        if self._stopping:
+            return False
+        self.server.models = models
+        self.server.start()
+        try:
+            self.server.wait_ready()
+        except RuntimeError:
+            return not self._stopping  # exited while loading: _watch sees its exit code
+        self.metrics.up.set(1)
+        self.metrics.recovery.set(time.monotonic() - died)
+        self.log(f"tritonserver is serving again, {time.monotonic() - died:.1f} s after it died")
+        return True
