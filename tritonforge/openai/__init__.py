@@ -7,6 +7,8 @@ README.md ("Inputs and outputs of every LLM model"). The modules follow the requ
 - :mod:`~tritonforge.openai.protocol`: the request bodies (pydantic; extra keys allowed);
 - :mod:`~tritonforge.openai.translate`: a body → the model's input tensors, and the
   model's outputs → OpenAI's response and chunk objects (pure, unit-tested);
+- :mod:`~tritonforge.openai.responses`: those objects, typed with OpenAI's field names
+  (pydantic): the wire contract every answer, chunk and error is written from;
 - :mod:`~tritonforge.openai.triton_client`: the shared asyncio gRPC client, the model
   catalogue (which models take the schema) and one stream per request, cancellable;
 - :mod:`~tritonforge.openai.errors`: OpenAI's error shape and the mapping from Triton

@@ -22,7 +22,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,6 +33,15 @@ from starlette.types import Receive, Scope, Send
 from tritonforge.openai import translate
 from tritonforge.openai.errors import OpenAIError, internal, invalid, unavailable
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tritonforge.openai.responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChoiceDelta,
+    Completion,
+    CompletionChunk,
+    OpenAIObject,
+    to_json,
+)
 from tritonforge.openai.translate import ModelOutput, ResponseIds, TritonRequest, Usage
 from tritonforge.openai.triton_client import TritonGateway, TritonStream
 
@@ -48,19 +57,19 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready."""
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
+def _sse(obj: OpenAIObject) -> bytes:
+    return b"data: " + to_json(obj) + b"\n\n"
 
 
 _DONE = b"data: [DONE]\n\n"
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def _json(obj: OpenAIObject, status: int = 200) -> Response:
+    return Response(to_json(obj), status_code=status, media_type="application/json")
+
+
+def error_response(error: OpenAIError) -> Response:
+    return _json(error.body(), error.status)
 
 
 async def _parse(request: Request, model: type[B]) -> B:
@@ -170,7 +179,7 @@ class OpenAIServer:
 
     async def complete(
         self, kind: str, body: ChatCompletionRequest | CompletionRequest, request: TritonRequest
-    ) -> dict[str, Any]:
+    ) -> ChatCompletion | Completion:
         """A non-streamed answer: every response of the model merged into one object."""
         stream, output = await self.open(body.model, request)
         ids = ResponseIds(body.model, "chatcmpl" if kind == "chat" else "cmpl")
@@ -196,18 +205,11 @@ class OpenAIServer:
         finally:
             stream.cancel()
         reason = reason or "stop"
+        top = request.top_logprobs
         if kind == "chat":
-            logprobs = (
-                translate.chat_logprobs(whole, request.top_logprobs)
-                if request.top_logprobs is not None
-                else None
-            )
-            return translate.chat_completion(ids, whole.text, reason, logprobs, usage)
-        logprobs = (
-            translate.completion_logprobs(whole, len(request.echo))
-            if request.top_logprobs is not None
-            else None
-        )
+            chat_logprobs = None if top is None else translate.chat_logprobs(whole, top)
+            return translate.chat_completion(ids, whole.text, reason, chat_logprobs, usage)
+        logprobs = None if top is None else translate.completion_logprobs(whole, len(request.echo))
         return translate.completion(ids, request.echo + whole.text, reason, logprobs, usage)
 
     async def events(
@@ -227,7 +229,7 @@ class OpenAIServer:
         output: ModelOutput | None = first
         try:
             if chat:
-                role = {"role": "assistant", "content": ""}
+                role = ChoiceDelta(role="assistant", content="")
                 yield _sse(translate.chat_chunk(ids, role, with_usage=with_usage))
             prefix = request.echo
             while output is not None:
@@ -238,12 +240,13 @@ class OpenAIServer:
                 text = prefix + output.text
                 prefix = ""
                 if text or reason or output.logprobs:
+                    chunk: ChatCompletionChunk | CompletionChunk
                     if chat:
-                        logprobs = None
+                        chat_logprobs = None
                         if request.top_logprobs is not None:
-                            logprobs = translate.chat_logprobs(output, request.top_logprobs)
-                        delta = {"content": text} if text or not reason else {}
-                        chunk = translate.chat_chunk(ids, delta, reason, logprobs, with_usage)
+                            chat_logprobs = translate.chat_logprobs(output, request.top_logprobs)
+                        delta = ChoiceDelta(content=text) if text or not reason else ChoiceDelta()
+                        chunk = translate.chat_chunk(ids, delta, reason, chat_logprobs, with_usage)
                     else:
                         logprobs = None
                         if request.top_logprobs is not None:
@@ -261,22 +264,26 @@ class OpenAIServer:
         finally:
             stream.cancel()
         if with_usage:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            yield _sse(translate.usage_chunk(ids, obj, usage))
+            yield _sse(translate.usage_chunk(ids, chat, usage))
         yield _DONE
 
+    async def parse(
+        self, http: Request, kind: str
+    ) -> tuple[ChatCompletionRequest | CompletionRequest, TritonRequest]:
+        """The body, parsed, and its request to the model it names."""
+        if kind == "chat":
+            chat = await _parse(http, ChatCompletionRequest)
+            spec = await self.gateway.spec(chat.model)
+            return chat, translate.chat_request(chat, spec, self.default_max_tokens)
+        body = await _parse(http, CompletionRequest)
+        return body, translate.completion_request(body, await self.gateway.spec(body.model))
+
     async def generate(self, http: Request, kind: str) -> Response:
-        model_type = ChatCompletionRequest if kind == "chat" else CompletionRequest
-        body = await _parse(http, model_type)
-        spec = await self.gateway.spec(body.model)
-        if isinstance(body, ChatCompletionRequest):
-            request = translate.chat_request(body, spec, self.default_max_tokens)
-        else:
-            request = translate.completion_request(body, spec)
+        body, request = await self.parse(http, kind)
         try:
             if not body.stream:
                 answer = await until_disconnected(http.receive, self.complete(kind, body, request))
-                return Response(_dumps(answer), media_type="application/json")
+                return _json(answer)
             stream, first = await until_disconnected(http.receive, self.open(body.model, request))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the request was cancelled
@@ -305,17 +312,17 @@ def create_app(
     app.state.server = server
 
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_request: Request, error: OpenAIError) -> JSONResponse:
+    async def _openai_error(_request: Request, error: OpenAIError) -> Response:
         return error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(_request: Request, error: StarletteHTTPException) -> Response:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         shaped = OpenAIError(error.status_code, str(error.detail), kind)
         return error_response(shaped)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+    async def _unexpected(_request: Request, error: Exception) -> Response:
         # A bug of ours: say so in OpenAI's shape (the type only, never request content).
         return error_response(internal(f"internal error ({type(error).__name__})"))
 
@@ -326,9 +333,9 @@ def create_app(
         return error_response(unavailable(f"Triton at {gateway.url} is not ready"))
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
+    async def models() -> Response:
         names = await gateway.llm_models()
-        return JSONResponse(translate.model_list(names, int(time.time())))
+        return _json(translate.model_list(names, int(time.time())))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+
+from tritonforge.openai.responses import ErrorBody, ErrorResponse
 
 #: Inputs of the shared request schema: a message starting with one of these (after an
 #: optional ``<inner model>: `` prefix, as guarded_chat relays) names a bad field.
@@ -75,15 +76,9 @@ class OpenAIError(Exception):
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+    def body(self) -> ErrorResponse:
+        error = ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=error)
 
 
 def invalid(message: str, param: str | None = None) -> OpenAIError:

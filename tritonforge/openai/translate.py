@@ -1,4 +1,5 @@
-"""OpenAI bodies → the shared request schema's tensors; model outputs → OpenAI objects.
+"""OpenAI bodies → the shared request schema's tensors; model outputs → OpenAI objects
+(the typed models of :mod:`~tritonforge.openai.responses`).
 
 Pure functions and small dataclasses, no I/O, so every mapping is unit-tested without
 a server. The schema is README.md's "Inputs and outputs of every LLM model"; only the
@@ -15,7 +16,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonforge.openai.errors import invalid
 from tritonforge.openai.protocol import (
@@ -23,6 +24,24 @@ from tritonforge.openai.protocol import (
     ChatMessage,
     CompletionRequest,
     ResponseFormat,
+)
+from tritonforge.openai.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChoiceDelta,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionUsage,
+    ModelCard,
+    ModelList,
+    TopLogprob,
 )
 from tritonforge.serving.sampling import MAX_LOGPROBS
 
@@ -288,14 +307,14 @@ class Usage:
         if output.num_output_tokens is not None:
             self.completion_tokens = (self.completion_tokens or 0) + output.num_output_tokens
 
-    def as_dict(self) -> dict[str, int] | None:
+    def report(self) -> CompletionUsage | None:
         if self.prompt_tokens is None or self.completion_tokens is None:
             return None  # the model cannot count: no made-up numbers
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
+        return CompletionUsage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
 
 
 def finish_reason(raw: str | None) -> str | None:
@@ -318,9 +337,7 @@ def _positions(output: ModelOutput) -> list[tuple[dict[str, Any], list[dict[str,
         ids = output.output_ids
         sampled_key = str(ids[i]) if ids is not None and i < len(ids) else next(iter(candidates))
         sampled = candidates.get(sampled_key) or next(iter(candidates.values()))
-        ranked = sorted(
-            candidates.values(), key=lambda c: c.get("rank") if c.get("rank") else 1 << 30
-        )
+        ranked = sorted(candidates.values(), key=lambda c: c.get("rank") or 1 << 30)
         result.append((sampled, ranked))
     return result
 
@@ -329,32 +346,33 @@ def _token(entry: Mapping[str, Any]) -> str:
     return entry.get("decoded_token") or ""
 
 
-def chat_logprobs(output: ModelOutput, top: int) -> dict[str, Any]:
+def _top(entry: Mapping[str, Any]) -> TopLogprob:
+    token = _token(entry)
+    return TopLogprob(token=token, logprob=entry["logprob"], bytes=list(token.encode("utf-8")))
+
+
+def chat_logprobs(output: ModelOutput, top: int) -> ChatLogprobs:
     """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     content = []
     for sampled, ranked in _positions(output):
         token = _token(sampled)
         content.append(
-            {
-                "token": token,
-                "logprob": sampled["logprob"],
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [
-                    {
-                        "token": _token(c),
-                        "logprob": c["logprob"],
-                        "bytes": list(_token(c).encode("utf-8")),
-                    }
-                    for c in ranked[:top]
-                ],
-            }
+            ChatTokenLogprob(
+                token=token,
+                logprob=sampled["logprob"],
+                bytes=list(token.encode("utf-8")),
+                top_logprobs=[_top(c) for c in ranked[:top]],
+            )
         )
-    return {"content": content}
+    return ChatLogprobs(content=content)
 
 
-def completion_logprobs(output: ModelOutput, text_offset: int) -> dict[str, Any]:
+def completion_logprobs(output: ModelOutput, text_offset: int) -> CompletionLogprobs:
     """OpenAI's legacy completion ``logprobs``: parallel lists, offsets into the text."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     offset = text_offset
     for sampled, ranked in _positions(output):
         token = _token(sampled)
@@ -363,12 +381,9 @@ def completion_logprobs(output: ModelOutput, text_offset: int) -> dict[str, Any]
         top_logprobs.append({_token(c): c["logprob"] for c in ranked})
         offsets.append(offset)
         offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": top_logprobs,
-        "text_offset": offsets,
-    }
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top_logprobs, text_offset=offsets
+    )
 
 
 # --- response objects ----------------------------------------------------------------
@@ -388,88 +403,108 @@ class ResponseIds:
 
 
 def chat_completion(
-    ids: ResponseIds, text: str, reason: str | None, logprobs: Any, usage: Usage
-) -> dict[str, Any]:
-    return {
-        "id": ids.id,
-        "object": "chat.completion",
-        "created": ids.created,
-        "model": ids.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }
-        ],
-        "usage": usage.as_dict(),
-    }
+    ids: ResponseIds, text: str, reason: str | None, logprobs: ChatLogprobs | None, usage: Usage
+) -> ChatCompletion:
+    message = AssistantMessage(role="assistant", content=text)
+    choice = ChatChoice(index=0, message=message, logprobs=logprobs, finish_reason=reason)
+    return ChatCompletion(
+        id=ids.id,
+        object="chat.completion",
+        created=ids.created,
+        model=ids.model,
+        choices=[choice],
+        usage=usage.report(),
+    )
 
 
 def chat_chunk(
     ids: ResponseIds,
-    delta: dict[str, Any],
+    delta: ChoiceDelta,
     reason: str | None = None,
-    logprobs: Any = None,
+    logprobs: ChatLogprobs | None = None,
     with_usage: bool = False,
-) -> dict[str, Any]:
-    chunk = {
-        "id": ids.id,
-        "object": "chat.completion.chunk",
-        "created": ids.created,
-        "model": ids.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
-    }
-    if with_usage:
-        chunk["usage"] = None  # OpenAI: null on every chunk but the last, usage-only one
-    return chunk
+) -> ChatCompletionChunk:
+    choice = ChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=reason)
+    chunk = ChatCompletionChunk(
+        id=ids.id,
+        object="chat.completion.chunk",
+        created=ids.created,
+        model=ids.model,
+        choices=[choice],
+    )
+    return _null_usage(chunk) if with_usage else chunk
 
 
 def completion(
-    ids: ResponseIds, text: str, reason: str | None, logprobs: Any, usage: Usage
-) -> dict[str, Any]:
-    return {
-        "id": ids.id,
-        "object": "text_completion",
-        "created": ids.created,
-        "model": ids.model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}],
-        "usage": usage.as_dict(),
-    }
+    ids: ResponseIds,
+    text: str,
+    reason: str | None,
+    logprobs: CompletionLogprobs | None,
+    usage: Usage,
+) -> Completion:
+    choice = CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=reason)
+    return Completion(
+        id=ids.id,
+        object="text_completion",
+        created=ids.created,
+        model=ids.model,
+        choices=[choice],
+        usage=usage.report(),
+    )
 
 
 def completion_chunk(
     ids: ResponseIds,
     text: str,
     reason: str | None = None,
-    logprobs: Any = None,
+    logprobs: CompletionLogprobs | None = None,
     with_usage: bool = False,
-) -> dict[str, Any]:
-    chunk = completion(ids, text, reason, logprobs, Usage())
-    del chunk["usage"]
-    if with_usage:
-        chunk["usage"] = None
+) -> CompletionChunk:
+    choice = CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=reason)
+    chunk = CompletionChunk(
+        id=ids.id,
+        object="text_completion",
+        created=ids.created,
+        model=ids.model,
+        choices=[choice],
+    )
+    return _null_usage(chunk) if with_usage else chunk
+
+
+_Chunk = TypeVar("_Chunk", ChatCompletionChunk, CompletionChunk)
+
+
+def _null_usage(chunk: _Chunk) -> _Chunk:
+    """Mark ``usage`` set (so written as null): OpenAI's way on every chunk but the last."""
+    chunk.usage = None
     return chunk
 
 
-def usage_chunk(ids: ResponseIds, obj: str, usage: Usage) -> dict[str, Any]:
+def usage_chunk(
+    ids: ResponseIds, chat: bool, usage: Usage
+) -> ChatCompletionChunk | CompletionChunk:
     """The last chunk of a stream with ``include_usage``: no choices, the usage."""
-    return {
-        "id": ids.id,
-        "object": obj,
-        "created": ids.created,
-        "model": ids.model,
-        "choices": [],
-        "usage": usage.as_dict(),
-    }
+    if chat:
+        return ChatCompletionChunk(
+            id=ids.id,
+            object="chat.completion.chunk",
+            created=ids.created,
+            model=ids.model,
+            choices=[],
+            usage=usage.report(),
+        )
+    return CompletionChunk(
+        id=ids.id,
+        object="text_completion",
+        created=ids.created,
+        model=ids.model,
+        choices=[],
+        usage=usage.report(),
+    )
 
 
-def model_list(names: Sequence[str], created: int) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "tritonforge"}
-            for name in names
-        ],
-    }
+def model_list(names: Sequence[str], created: int) -> ModelList:
+    cards = [
+        ModelCard(id=n, object="model", created=created, owned_by="tritonforge") for n in names
+    ]
+    return ModelList(object="list", data=cards)

@@ -17,6 +17,16 @@ from tritonforge.openai import translate
 from tritonforge.openai.app import create_app
 from tritonforge.openai.errors import OpenAIError, from_triton, model_not_found
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tritonforge.openai.responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    ErrorResponse,
+    ModelList,
+    OpenAIObject,
+    to_json,
+)
 from tritonforge.openai.translate import ModelOutput, ModelSpec, TritonRequest, Usage
 from tritonforge.triton.tensors import LLM_INPUTS
 
@@ -41,6 +51,12 @@ def completion(spec: ModelSpec = LLM, **body: Any) -> TritonRequest:
     return translate.completion_request(
         CompletionRequest.model_validate({"model": "llm", "prompt": "Once", **body}), spec
     )
+
+
+def wire(obj: OpenAIObject | None) -> Any:
+    """``obj`` as the frontend writes it, read back."""
+    assert obj is not None
+    return json.loads(to_json(obj))
 
 
 def error_of(call: Any) -> OpenAIError:
@@ -222,7 +238,7 @@ CANDIDATES = [
 
 def test_chat_logprobs_take_the_sampled_token_by_its_id_and_rank_the_rest() -> None:
     output = ModelOutput(logprobs=CANDIDATES, output_ids=[7, 3])
-    content = translate.chat_logprobs(output, top=1)["content"]
+    content = wire(translate.chat_logprobs(output, top=1))["content"]
     assert [(c["token"], c["logprob"]) for c in content] == [("He", -0.5), ("llo", -2.0)]
     assert content[1]["top_logprobs"] == [{"token": "y", "logprob": -0.1, "bytes": [121]}]
     assert content[0]["bytes"] == [72, 101]
@@ -230,7 +246,7 @@ def test_chat_logprobs_take_the_sampled_token_by_its_id_and_rank_the_rest() -> N
 
 def test_completion_logprobs_are_parallel_lists_with_offsets_after_the_echo() -> None:
     output = ModelOutput(logprobs=CANDIDATES)  # no ids (ensemble_vllm): the first candidate
-    logprobs = translate.completion_logprobs(output, text_offset=4)
+    logprobs = wire(translate.completion_logprobs(output, text_offset=4))
     assert logprobs["tokens"] == ["He", "llo"]
     assert logprobs["token_logprobs"] == [-0.5, -2.0]
     assert logprobs["text_offset"] == [4, 6]
@@ -241,8 +257,8 @@ def test_usage_sums_streamed_counts_and_is_null_when_the_model_cannot_count() ->
     usage = Usage()
     for count in (1, 1, 2):
         usage.add(ModelOutput(num_input_tokens=5, num_output_tokens=count))
-    assert usage.as_dict() == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
-    assert Usage().as_dict() is None
+    assert wire(usage.report()) == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert Usage().report() is None
 
 
 def test_finish_reasons() -> None:
@@ -283,7 +299,7 @@ def test_triton_errors_map_to_statuses(message: str, status: int, param: str | N
     assert (error.status, error.param) == (status, param)
     if status == 400:
         assert error.message == message  # the model's field-naming message, unchanged
-    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+    assert set(wire(error.body())["error"]) == {"message", "type", "param", "code"}
 
 
 # --- routes, with a fake gateway -------------------------------------------------------
@@ -351,6 +367,10 @@ def client(gateway: FakeGateway) -> TestClient:
     return TestClient(create_app("fake:1", 99, gateway=gateway))  # type: ignore[arg-type]
 
 
+def sse_events(text: str) -> list[str]:
+    return [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+
+
 def test_streamed_chat_is_openai_sse_with_usage_last_and_done() -> None:
     gateway = FakeGateway(deltas())
     body = {"model": "llm", "messages": USER, "stream": True}
@@ -358,7 +378,7 @@ def test_streamed_chat_is_openai_sse_with_usage_last_and_done() -> None:
     reply = client(gateway).post("/v1/chat/completions", json=body)
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/event-stream")
-    events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
+    events = sse_events(reply.text)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -396,7 +416,7 @@ def test_an_error_mid_stream_is_an_error_event_then_done() -> None:
     reply = client(gateway).post(
         "/v1/completions", json={"model": "llm", "prompt": "x", "stream": True}
     )
-    events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
+    events = sse_events(reply.text)
     assert json.loads(events[-2])["error"]["message"].startswith("the engine failed")
     assert events[-1] == "[DONE]"
     assert gateway.streams[0].cancelled or not gateway.streams[0].outputs
@@ -429,6 +449,59 @@ def test_bad_bodies_are_openai_errors_never_500(raw: bytes, status: int, fragmen
     reply = client(FakeGateway()).post("/v1/completions", content=raw)
     assert reply.status_code == status
     assert fragment in reply.json()["error"]["message"]
+
+
+def with_logprobs() -> list[ModelOutput]:
+    first, second = CANDIDATES
+    return [
+        ModelOutput("He", "None", 4, 1, logprobs=[first], output_ids=[7]),
+        ModelOutput("llo", "length", 4, 1, logprobs=[second], output_ids=[3], final=True),
+    ]
+
+
+def conforms(event: str, model: type[OpenAIObject]) -> dict[str, Any]:
+    """The event read as ``model``: no key it lacks, none missing, absent stays absent."""
+    sent = json.loads(event)
+    assert wire(model.model_validate_json(event)) == sent
+    return sent
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize(
+    ("path", "body", "chunk"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": USER, "logprobs": True, "top_logprobs": 2},
+            ChatCompletionChunk,
+        ),
+        ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 2}, CompletionChunk),
+    ],
+)
+def test_every_streamed_chunk_is_the_typed_chunk_on_the_wire(
+    path: str, body: dict[str, Any], chunk: type[OpenAIObject], include_usage: bool
+) -> None:
+    """The contract a faster writer of chunks is checked against: the response models."""
+    body = {"model": "llm", "stream": True, **body}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    reply = client(FakeGateway(with_logprobs())).post(path, json=body)
+    events = sse_events(reply.text)
+    assert events[-1] == "[DONE]"
+    sent = [conforms(event, chunk) for event in events[:-1]]
+    assert all(("usage" in c) == include_usage for c in sent)
+    assert any(c["choices"] and c["choices"][0]["logprobs"] for c in sent)
+
+
+def test_whole_answers_models_and_errors_are_the_typed_objects_on_the_wire() -> None:
+    test_client = client(FakeGateway(with_logprobs(), with_logprobs()))
+    chat_body = {"model": "llm", "messages": USER, "logprobs": True, "top_logprobs": 1}
+    answer = test_client.post("/v1/chat/completions", json=chat_body)
+    conforms(answer.text, ChatCompletion)
+    text_body = {"model": "llm", "prompt": "x", "logprobs": 1}
+    conforms(test_client.post("/v1/completions", json=text_body).text, Completion)
+    conforms(test_client.get("/v1/models").text, ModelList)
+    conforms(test_client.post("/v1/completions", content=b"[").text, ErrorResponse)
 
 
 def test_models_and_health() -> None:
