@@ -1,10 +1,9 @@
 """Repro: a gRPC stream cancelled the moment its ensemble request ended keeps it UNLOADING.
 
-Found while building the reliability suite (issue 15): its asyncio client first
-cancelled each gRPC call as soon as the FINAL response arrived, and the session
-server's ensemble_vllm then never unloaded (shutdown ran into its exit timeout): 3 of 4
-runs of 4 requests stayed UNLOADING here. Closing the call politely (half-close, let
-the server end it) unloaded cleanly in every run (2 of 2). It is a race:
+An asyncio client that cancels each gRPC call as soon as the FINAL response arrives can
+leave the server's ensemble_vllm UNLOADING for good (shutdown then runs into its exit
+timeout); not on every run. Closing the call politely (half-close, let the server end
+it) unloads cleanly, which is why the reliability suite's client does so. It is a race:
 tritonclient's threaded ``stop_stream(cancel_requests=True)`` after FINAL, which
 tests/e2e/client.stream() does, cancels later and did not reproduce it here.
 

@@ -1,4 +1,4 @@
-"""Reproducer of the former guarded_chat unload hang, kept as the upgrade check of W14.
+"""Reproducer of guarded_chat's unload hang (W12, caused by W14): the upgrade check of W14.
 
 Starts a private tritonserver with vllm_model, guard and guarded_chat, then repeats: an
 inner error, a readiness probe, a short answer, a client cancel after five responses, a
@@ -6,10 +6,9 @@ probe, one second idle, a client cancel after two responses and, right after it,
 of guarded_chat. An unload normally takes ~1.5 s; when guarded_chat is still UNLOADING
 after ``--wait`` seconds the script reports the iteration and stops (exit status 1).
 
-On Triton 2.51 it hung within 1 to 16 iterations while the test client also cancelled
-requests that had already ended; with the client cancelling only running requests it
-unloaded in 20 of 20 and 30 of 30 iterations. Triton 2.51 workarounds W12 and W14, see
-docs/triton-2.51-workarounds.md.
+On Triton 2.51 the unload hangs within a few iterations when the client also cancels
+requests that have already ended; with the client cancelling only running requests it
+unloads cleanly. Triton 2.51 workarounds W12 and W14, see docs/triton-2.51-workarounds.md.
 
     .venv/bin/python scripts/repro_guarded_chat_unload.py --iterations 20
 """

@@ -2,11 +2,12 @@
 
 Used by the C++ module's parity and error tests (``tests/unit/tokenizer/test_tokenizer_*.py``) and
 by the served tokenizer models' test (``tests/e2e/test_tokenizer_backend.py``).
-Three families, as issue 3 asks: SmolLM2's own tokenizer (the served model's), a GPT-2
-style and a Llama-3 style byte-level BPE trained here with HF ``tokenizers`` on the
-corpus's real text (a few seconds). Variants edit the JSON to reach the options the
-trained files do not use: add_prefix_space, legacy "a b" merges, ignore_merges with
-vocabulary entries no merge reaches, a BOS+EOS template, added tokens with every flag.
+Three families, so the exactness claim covers more than one BPE dialect: SmolLM2's own
+tokenizer (the served model's), a GPT-2 style and a Llama-3 style byte-level BPE trained
+here with HF ``tokenizers`` on the corpus's real text (a few seconds). Variants edit the
+JSON to reach the options the trained files do not use: add_prefix_space, legacy "a b"
+merges, ignore_merges with vocabulary entries no merge reaches, a BOS+EOS template, added
+tokens with every flag.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pipeline benchmark: ensemble_vllm (C++ tokenizer) vs vllm_model vs ensemble_vllm_py.
 
-Why this shape: issue 4 asks what the ensemble costs over calling the LLM directly —
+Why this shape: the question is what the ensemble costs over calling the LLM directly —
 TTFT and output tok/s at concurrency 1, 8 and 32, same server, same load. The driver is
 a small tritonclient gRPC-streaming client (one stream per concurrent worker) so that
 every model gets byte-identical traffic and the three targets can be interleaved

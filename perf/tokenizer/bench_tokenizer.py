@@ -1,6 +1,6 @@
 """Tokenizer benchmark: C++ `preprocessing` vs Python `preprocessing_py`, pybind11 vs HF.
 
-Why this shape: issue 3 asks whether the C++ backend takes the tokenizer off the request
+Why this shape: the question is whether the C++ backend takes the tokenizer off the request
 path — server-side latency (queue + compute as Triton itself reports it, so network and
 client costs cannot blur the comparison) of both models in the same server on the same
 100- and 2,000-token prompts, measured by perf_analyzer; and whether the pybind11 module
@@ -142,7 +142,7 @@ def report(results: dict, env: Environment) -> str:
         "Server latency = queue + compute input + compute infer + compute output, as Triton "
         "reports it per request (the C++ backend stops its clock once the outputs are filled, "
         "before handing the response over, like Triton's own backends). Client p50 is the "
-        "whole round trip. Target (issue 3): C++ ≤ 0.25× Python. Load average when the run "
+        "whole round trip. Target: C++ ≤ 0.25× Python. Load average when the run "
         f"started: {results['load_average_at_start']:.1f} on {env.machine.cores} cores.",
         "",
         "## Encode from Python (best of 5, µs per call)",

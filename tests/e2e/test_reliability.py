@@ -1,4 +1,4 @@
-"""The reliability suite, small (issue 15): ``make soak`` runs the same scenarios at size.
+"""The reliability suite, small: ``make soak`` runs the same scenarios at size.
 
 Against the session's shared server: 30 s of mixed streamed / non-streamed / structured
 requests at concurrency 16 over vllm_model and ensemble_vllm with none failing; 32

@@ -1,4 +1,4 @@
-"""A storm of generated malformed requests (issue 15): each refused, naming its field.
+"""A storm of generated malformed requests: each refused, naming its field.
 
 hypothesis builds each request from a valid one with exactly one thing broken — bad
 JSON in ``sampling_parameters``, an unknown key, a value of the wrong type or out of its

@@ -1,4 +1,4 @@
-"""Reliability scenarios (issue 15): sustained mixed load, a cancellation storm, SIGTERM.
+"""Reliability scenarios: sustained mixed load, a cancellation storm, SIGTERM.
 
 Each scenario is one function that drives a running tritonserver from 127.0.0.1 and
 returns a :class:`Scenario`: a pass/fail verdict, the criteria it was judged by and the

@@ -202,7 +202,7 @@ def test_the_openai_contract_matches_issue_12s_benchmark() -> None:
     direct = thresholds["openai-frontend", "triton-grpc"]
     assert (direct.min_throughput_ratio, direct.max_ttft_p50_delta_ms) == (0.97, 5)
     assert thresholds["openai-frontend", "vllm-openai"].min_throughput_ratio == 1.0
-    triton = thresholds["triton-grpc", "vllm-openai"]  # issue 11 item 4, one client
+    triton = thresholds["triton-grpc", "vllm-openai"]  # Triton vs vLLM's server, one client
     assert (triton.min_throughput_ratio, triton.max_ttft_p50_delta_ms) == (1.0, 3)
 
 

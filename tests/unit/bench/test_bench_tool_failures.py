@@ -2,7 +2,8 @@
 
 The tools are stand-in scripts (no server): they print an error to stderr, exit with a
 chosen code and leave the export missing, empty or malformed, as perf_analyzer did on
-an Intel host (issue 14: an empty export crashed the runner with JSONDecodeError).
+an Intel host (an empty export must fail its level, not crash the runner with a
+JSONDecodeError).
 """
 
 from __future__ import annotations

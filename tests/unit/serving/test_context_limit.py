@@ -84,7 +84,8 @@ def test_no_engine_adapter_overrides_the_shared_check() -> None:
 
 
 def test_llamacpp_generates_max_tokens_without_lowering_it() -> None:
-    """llama.cpp used to cap max_tokens at the room left silently; the core now rejects."""
+    """llama.cpp keeps max_tokens as asked: a request that does not fit is the core's to refuse,
+    never silently capped at the room left in the context."""
     engine = LlamaCppEngine({})
     llama = SimpleNamespace(n_ctx=lambda: 50, set_seed=lambda seed: None, reset=lambda: None)
     engine._llama = llama
