@@ -10,12 +10,18 @@ import sys
 from pathlib import Path
 
 from tritonforge.bench.contract import ContractError, load_contract
+from tritonforge.bench.environment import ServedCodeMismatch
 
 
 def _run(args: argparse.Namespace) -> int:
     from tritonforge.bench.runner import RESULTS_ROOT, run_contract
 
-    run_dir = run_contract(args.contract, args.set, Path(args.results or RESULTS_ROOT))
+    run_dir = run_contract(
+        args.contract,
+        args.set,
+        Path(args.results or RESULTS_ROOT),
+        allow_served_mismatch=args.allow_served_mismatch,
+    )
     print(run_dir)
     return 0
 
@@ -70,31 +76,43 @@ def _soak(args: argparse.Namespace) -> int:
     return soak.main(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _contract_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--contract", type=Path, required=True, help="perf/contracts/<name>.yaml")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a contract field, e.g. --set load.requests_per_level=4 (repeatable)",
+    )
 
-    def contract_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--contract", type=Path, required=True, help="perf/contracts/<name>.yaml")
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="PATH=VALUE",
-            help="override a contract field, e.g. --set load.requests_per_level=4 (repeatable)",
-        )
 
+def _served_mismatch_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-served-mismatch",
+        action="store_true",
+        help="run even though the serving venv imports tritonforge from another work tree "
+        "than this one (the results say so)",
+    )
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="start the targets, drive the load, write results + report")
-    contract_args(run)
+    _contract_args(run)
     run.add_argument("--results", help="results root (default perf/results)")
+    _served_mismatch_arg(run)
     run.set_defaults(func=_run)
 
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
     validate = sub.add_parser("validate", help="check a contract without running it")
-    contract_args(validate)
+    _contract_args(validate)
     validate.set_defaults(func=_validate)
 
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="KV-cache capacity and per-iteration token split")
-    contract_args(plan)
+    _contract_args(plan)
     plan.add_argument(
         "--engine-config", type=Path, default=Path("model_repository/vllm_model/1/model.json")
     )
@@ -114,10 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=_plan)
 
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="rebuild report.md and plots from a run's results.json")
     rep.add_argument("run_dir", type=Path)
     rep.set_defaults(func=_report)
 
+
+def _add_soak(sub: argparse._SubParsersAction) -> None:
     soak = sub.add_parser(
         "soak",
         help="reliability suite: mixed load, cancellation storm, malformed requests, SIGTERM",
@@ -135,7 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--sigterm-requests", type=int, help="in flight at SIGTERM (concurrency)")
     soak.add_argument("--seed", type=int, default=0, help="seeds the mixed load's choices")
     soak.add_argument("--results", help="results root (default perf/results/reliability)")
+    _served_mismatch_arg(soak)
     soak.set_defaults(func=_soak)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_validate, _add_plan, _add_report, _add_soak):
+        add(sub)
     return parser
 
 
@@ -143,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ContractError as error:
+    except (ContractError, ServedCodeMismatch) as error:
         print(error, file=sys.stderr)
         return 2
 

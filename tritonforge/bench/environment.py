@@ -1,10 +1,16 @@
-"""Provenance recorded with every result: versions, model hash, machine, git commit.
+"""Provenance recorded with every result: versions, model hash, machine, served code.
 
 A number without the setup it came from cannot be compared with anything, so each
 results.json says exactly which code, model, tools and machine produced it. Every
 benchmark (the contract runner and the scripts under perf/) records it through
 :func:`capture`; versions are always read from what is installed or running, never
 written in.
+
+The code is the code the server ran, which need not be the code that launched it: the
+venv installs ``tritonforge`` editable, and Triton's stubs import it from whatever work
+tree that install points at, whichever checkout the run was started from. So the served
+tree is asked of the serving venv's own interpreter, and a run launched from another
+tree is refused unless told to go on, and then says so (:func:`served_code`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -36,7 +43,7 @@ SERVING_PACKAGES = (
 BENCH_PACKAGES = ("aiperf", "genai-perf", "tritonclient", "transformers")
 MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model")
 # The CPU features that pick vLLM's CPU kernels (oneDNN AMX, AVX-512, AVX2): they change
-# speed and, through bf16 rounding, even a greedy answer (issue 14).
+# speed and, through bf16 rounding, even a greedy answer.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -56,9 +63,29 @@ class ModelIdentity(BaseModel):
     files: int
 
 
-class Environment(BaseModel):
+class CodeTree(BaseModel):
+    """A work tree whose code took part in a run, and the commit it stood at."""
+
+    tree: str  # its root, relative to the tree the run was launched from ("." is that tree)
     git_commit: str
+    git_dirty: bool  # tracked files changed since the commit
+
+
+class ServedCode(CodeTree):
+    """The tree the serving venv imports ``tritonforge`` from: the code the server ran."""
+
+    launched_from: CodeTree | None = None  # the launching tree, only when it is another one
+    mismatch_allowed: bool = False  # launched from another tree, and told to go on
+
+
+class ServedCodeMismatch(RuntimeError):
+    """The run was launched from one tree, and its server would run another tree's code."""
+
+
+class Environment(BaseModel):
+    git_commit: str  # the served tree's (older results: the launching tree's)
     git_dirty: bool
+    served_code: ServedCode | None = None  # None in results written before it was recorded
     machine: Machine
     model: ModelIdentity
     serving_versions: dict[str, str]
@@ -123,6 +150,86 @@ def git_state(root: Path = REPO_ROOT) -> tuple[str, bool]:
     except (OSError, subprocess.CalledProcessError):
         return "unknown", True
     return commit, dirty
+
+
+def serving_python() -> Path:
+    """The interpreter of the venv the launcher puts first on PATH for the server's stubs."""
+    from tritonforge.launch.launcher import server_environment
+
+    return Path(server_environment()["PATH"].split(os.pathsep)[0]) / "python"
+
+
+def imported_tree(python: Path) -> Path:
+    """The work tree ``python`` imports ``tritonforge`` from, asked the way a stub imports it.
+
+    Isolated mode (``-I``) and a neutral working directory: the stub's interpreter reads
+    no PYTHONPATH and has no script directory on its path, only the venv's site-packages.
+    """
+    try:
+        done = subprocess.run(
+            [str(python), "-I", "-c", "import tritonforge; print(tritonforge.__file__)"],
+            capture_output=True,
+            text=True,
+            cwd=tempfile.gettempdir(),
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ServedCodeMismatch(f"cannot ask {python} where tritonforge is: {error}") from error
+    if done.returncode != 0:
+        raise ServedCodeMismatch(
+            f"{python} cannot import tritonforge: {done.stderr.strip()[-300:]}"
+        )
+    return Path(done.stdout.strip()).resolve().parent.parent
+
+
+def served_code(
+    python: Path | None = None, launching: Path = REPO_ROOT, allow_mismatch: bool = False
+) -> ServedCode:
+    """The served tree and its commit; the launching tree's too, when it is another one.
+
+    Launched from another tree, the run's results would name code that never ran:
+    :class:`ServedCodeMismatch` unless ``allow_mismatch``, which labels the record.
+    """
+    launching = launching.resolve()
+    served = imported_tree(python or serving_python())
+    commit, dirty = git_state(served)
+    if served == launching:
+        return ServedCode(tree=".", git_commit=commit, git_dirty=dirty)
+    here_commit, here_dirty = git_state(launching)
+    code = ServedCode(
+        tree=os.path.relpath(served, launching),
+        git_commit=commit,
+        git_dirty=dirty,
+        launched_from=CodeTree(tree=".", git_commit=here_commit, git_dirty=here_dirty),
+        mismatch_allowed=allow_mismatch,
+    )
+    if not allow_mismatch:
+        raise ServedCodeMismatch(
+            f"launched from {launching} (commit {here_commit[:12]}), but the serving venv "
+            f"imports tritonforge from {served} (commit {commit[:12]}"
+            f"{', uncommitted changes' if dirty else ''}): the results would name code that "
+            "never ran. Run from that tree, point the venv at this one (pip install -e .), "
+            "or pass --allow-served-mismatch to run anyway with the results labelled."
+        )
+    return code
+
+
+def describe_code(env: Environment) -> str:
+    """One line for a report: the served commit, and where it came from if not launched here."""
+    line = f"git commit `{env.git_commit[:12]}`" + (
+        " (with uncommitted changes)" if env.git_dirty else ""
+    )
+    code = env.served_code
+    if code is None:
+        return line + " (the launching tree's; the served tree was not recorded)"
+    if code.launched_from is None:
+        return line + ", served from the tree the run was launched from"
+    launched = code.launched_from
+    return (
+        f"**served code from another tree** (`{code.tree}`): {line}; launched from commit "
+        f"`{launched.git_commit[:12]}`" + (" (dirty)" if launched.git_dirty else "")
+    )
 
 
 def model_identity(model_dir: Path) -> ModelIdentity:
@@ -197,12 +304,16 @@ def tritonserver_version(http_url: str) -> str:
     return f"{meta.get('name', 'triton')} {meta.get('version', '?')}"
 
 
-def capture(model_dir: Path) -> Environment:
-    """Everything but the server version, which is asked once the server is up."""
-    commit, dirty = git_state()
+def capture(model_dir: Path, code: ServedCode | None = None) -> Environment:
+    """Everything but the server version, which is asked once the server is up.
+
+    ``code`` as :func:`served_code` found it; asked here (refusing a mismatch) if not given.
+    """
+    code = code or served_code()
     return Environment(
-        git_commit=commit,
-        git_dirty=dirty,
+        git_commit=code.git_commit,
+        git_dirty=code.git_dirty,
+        served_code=code,
         machine=machine(),
         model=model_identity(model_dir),
         serving_versions=serving_versions(),

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonforge.bench.contract import Load
-from tritonforge.bench.environment import Environment, describe_machine
+from tritonforge.bench.environment import Environment, describe_code, describe_machine
 from tritonforge.bench.metrics import LevelMetrics
 from tritonforge.bench.results import (
     ComparisonResult,
@@ -291,8 +291,7 @@ def _setup(env: Environment) -> list[str]:
         "## Setup",
         "",
         f"- machine: {describe_machine(env.machine)}",
-        f"- git commit `{env.git_commit[:12]}`"
-        + (" (with uncommitted changes)" if env.git_dirty else ""),
+        f"- code: {describe_code(env)}",
         f"- model `{env.model.name}` sha256 `{env.model.sha256[:16]}…`",
         f"- server: {env.tritonserver}; serving venv: "
         + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items()),

@@ -32,7 +32,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tritonforge.bench import aiperf_driver, perf_analyzer_driver, saturation, server_metrics
 from tritonforge.bench.contract import Contract, Target, TargetKind, load_contract
-from tritonforge.bench.environment import Environment, capture, tritonserver_version
+from tritonforge.bench.environment import (
+    Environment,
+    ServedCode,
+    capture,
+    describe_code,
+    served_code,
+    tritonserver_version,
+)
 from tritonforge.bench.metrics import MeasuredRequest, summarize
 from tritonforge.bench.noise import NoiseSample, RoundWatch
 from tritonforge.bench.results import LevelFailure, RunResult, TargetResult, compare
@@ -717,26 +724,37 @@ def run_contract(
     overrides: Sequence[str] = (),
     results_root: Path = RESULTS_ROOT,
     console: Console | None = None,
+    allow_served_mismatch: bool = False,
 ) -> Path:
     """Run everything a contract names; return the run directory (results.json, report.md).
 
     After every level (all its rounds) the results so far are written as a checkpoint,
     so a run stopped part-way still leaves what it measured, marked as not finished.
+    Launched from a tree other than the one the serving venv imports ``tritonforge``
+    from, it refuses to start (:class:`ServedCodeMismatch`) unless
+    ``allow_served_mismatch``, which labels the results.
     """
     console = console or Console(stderr=True, soft_wrap=True)
+    code = served_code(allow_mismatch=allow_served_mismatch)
     # A run stopped with SIGTERM (or started in the background, where SIGINT is ignored)
     # must still stop its servers: they run in sessions of their own and would outlive it.
     with _sigterm_unwinds():
-        return _run(contract_path, overrides, results_root, console)
+        return _run(contract_path, overrides, results_root, console, code)
 
 
 def _run(
-    contract_path: Path, overrides: Sequence[str], results_root: Path, console: Console
+    contract_path: Path,
+    overrides: Sequence[str],
+    results_root: Path,
+    console: Console,
+    code: ServedCode,
 ) -> Path:
     """:func:`run_contract`'s body, run while SIGTERM unwinds it."""
     plan = prepare(contract_path, overrides, results_root, console)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    environment = capture(plan.model_dir)
+    environment = capture(plan.model_dir, code)
+    if code.launched_from is not None:
+        console.print(f"[yellow]{describe_code(environment)}[/]")
     runner = Runner(plan, console)
 
     def checkpoint(targets: list[TargetResult]) -> None:

@@ -34,7 +34,9 @@ from rich.console import Console
 from tritonforge.bench.environment import (
     Environment,
     capture,
+    describe_code,
     describe_machine,
+    served_code,
     tritonserver_version,
 )
 from tritonforge.bench.reliability import (
@@ -87,16 +89,19 @@ def other_tritonservers() -> list[str]:
     return found
 
 
-def run(settings: SoakSettings, results_root: Path = RESULTS_ROOT) -> tuple[Path, SoakResult]:
+def run(
+    settings: SoakSettings, results_root: Path = RESULTS_ROOT, allow_served_mismatch: bool = False
+) -> tuple[Path, SoakResult]:
     """Start the server, run the four scenarios, write results.json and report.md."""
     from tritonforge.bench.malformed import malformed_storm
     from tritonforge.launch.model_store import ensure_default_model
 
     console = Console(stderr=True)
+    code = served_code(allow_mismatch=allow_served_mismatch)  # refused before anything starts
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = results_root / stamp
     out.mkdir(parents=True, exist_ok=True)
-    env = capture(ensure_default_model(quiet=True))
+    env = capture(ensure_default_model(quiet=True), code)
     load_start = os.getloadavg()
     others = other_tritonservers()
     if others:
@@ -259,9 +264,7 @@ def report(result: SoakResult) -> str:
         "",
         f"Versions: {env.tritonserver}, "
         + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items())
-        + f"; model {env.model.name} sha256 {env.model.sha256[:12]}; git commit "
-        + env.git_commit[:12]
-        + (" (dirty)" if env.git_dirty else ""),
+        + f"; model {env.model.name} sha256 {env.model.sha256[:12]}; {describe_code(env)}",
         "",
     ]
     return "\n".join(lines)
@@ -286,6 +289,10 @@ def main(args: Any) -> int:
         seed=args.seed,
         command=shlex.join([Path(sys.executable).name, "-m", "tritonforge.bench", *sys.argv[1:]]),
     )
-    out, result = run(settings, Path(args.results) if args.results else RESULTS_ROOT)
+    out, result = run(
+        settings,
+        Path(args.results) if args.results else RESULTS_ROOT,
+        allow_served_mismatch=args.allow_served_mismatch,
+    )
     print(out)
     return 0 if result.passed else 1

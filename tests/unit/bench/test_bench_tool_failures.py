@@ -342,7 +342,7 @@ def test_a_run_stopped_part_way_keeps_what_it_measured(
         raise SystemExit(143)
 
     monkeypatch.setattr(runner_module, "prepare", lambda *args: plan)
-    monkeypatch.setattr(runner_module, "capture", lambda model_dir: env)
+    monkeypatch.setattr(runner_module, "capture", lambda model_dir, code=None: env)
     monkeypatch.setattr(Runner, "run", stopped)
     with pytest.raises(SystemExit):
         runner_module.run_contract(CONTRACT, [], tmp_path, Console(file=io.StringIO()))
