@@ -11,6 +11,11 @@ A client that goes away cancels its Triton call (and so its engine request) whet
 was waiting for a non-streamed answer, for the first token, or reading the stream: a
 watcher waits for ASGI's ``http.disconnect`` beside the work and cancels it.
 
+While Triton is down (the launcher restarting it after a crash) every route answers
+503 with ``Retry-After``; a request in flight when it died ends with an error — a 503,
+or mid-stream an error event and ``[DONE]`` — never a hang (the gRPC call fails as the
+connection drops).
+
 Nothing here logs prompts or generated text.
 """
 
@@ -31,7 +36,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tritonforge.openai import translate
-from tritonforge.openai.errors import OpenAIError, internal, invalid, unavailable
+from tritonforge.openai.errors import (
+    TRITON_DOWN_RETRY_AFTER_S,
+    OpenAIError,
+    internal,
+    invalid,
+    unavailable,
+)
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tritonforge.openai.responses import (
     ChatCompletion,
@@ -69,7 +80,10 @@ def _json(obj: OpenAIObject, status: int = 200) -> Response:
 
 
 def error_response(error: OpenAIError) -> Response:
-    return _json(error.body(), error.status)
+    response = _json(error.body(), error.status)
+    if error.retry_after_s is not None:
+        response.headers["Retry-After"] = str(error.retry_after_s)
+    return response
 
 
 async def _parse(request: Request, model: type[B]) -> B:
@@ -330,7 +344,9 @@ def create_app(
     async def health() -> Response:
         if await gateway.server_ready():
             return JSONResponse({"status": "ok"})
-        return error_response(unavailable(f"Triton at {gateway.url} is not ready"))
+        return error_response(
+            unavailable(f"Triton at {gateway.url} is not ready", TRITON_DOWN_RETRY_AFTER_S)
+        )
 
     @app.get("/v1/models")
     async def models() -> Response:

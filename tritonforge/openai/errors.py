@@ -72,6 +72,8 @@ class OpenAIError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    #: Seconds a client should wait before retrying, sent as ``Retry-After`` (503s).
+    retry_after_s: int | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -93,9 +95,21 @@ def model_not_found(model: str, why: str = "does not exist") -> OpenAIError:
     )
 
 
-def unavailable(message: str) -> OpenAIError:
+#: Retry-After of a 503 while Triton itself is unreachable (restarting after a crash:
+#: the launcher restarts it, a cold start takes seconds to minutes), and of any other.
+TRITON_DOWN_RETRY_AFTER_S = 5
+BUSY_RETRY_AFTER_S = 1
+
+
+def unavailable(message: str, retry_after_s: int = BUSY_RETRY_AFTER_S) -> OpenAIError:
     """503: retry later (busy, deadline, unloading, Triton not reachable)."""
-    return OpenAIError(503, message, "server_error", None, "service_unavailable")
+    return OpenAIError(503, message, "server_error", None, "service_unavailable", retry_after_s)
+
+
+def unreachable(url: str, detail: str = "") -> OpenAIError:
+    """503 while Triton at ``url`` does not answer (down, or restarting after a crash)."""
+    message = f"Triton at {url} is not reachable" + (f": {detail}" if detail else "")
+    return unavailable(message, TRITON_DOWN_RETRY_AFTER_S)
 
 
 def internal(message: str) -> OpenAIError:

@@ -10,6 +10,12 @@ request's cancellation, which the model's runtime polls and aborts in the engine
 Model configs are read over gRPC once per model and cached: a request then costs no
 control-plane round trip. A model that went away is noticed by its error
 ("unknown model"), which drops it from the cache.
+
+The frontend outlives a Triton restart (the launcher restarts a crashed server): the
+channel reconnects by itself, and its reconnect backoff is capped at a few seconds, so
+the first request after Triton is back is served rather than failed for up to gRPC's
+default two minutes of backoff. While Triton is down, a call fails at once with
+UNAVAILABLE (no wait-for-ready): the client gets a 503 it can retry.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from tritonforge.openai.errors import (
     from_triton,
     invalid,
     model_not_found,
-    unavailable,
+    unreachable,
 )
 from tritonforge.openai.translate import ModelOutput, ModelSpec, TritonRequest
 
@@ -107,7 +113,7 @@ def _rpc_error(error: grpc.aio.AioRpcError, model: str, url: str) -> OpenAIError
     if code == grpc.StatusCode.NOT_FOUND:
         return model_not_found(model, "is not loaded")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return unavailable(f"Triton at {url} is not reachable: {error.details()}")
+        return unreachable(url, error.details() or "")
     return from_triton(error.details() or str(code), model)
 
 
@@ -156,6 +162,17 @@ class TritonStream:
             self._call.cancel()
 
 
+#: gRPC channel settings: Triton's message size limit (what tritonclient sets) and a
+#: reconnect backoff capped at 2 s while Triton restarts (gRPC's default grows to 120 s).
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
 class TritonGateway:
     """One Triton server: its LLM models and streams to them, over one gRPC client."""
 
@@ -168,7 +185,7 @@ class TritonGateway:
     def client(self) -> grpcaio.InferenceServerClient:
         # Created on first use, inside the running event loop (grpc.aio channels bind to it).
         if self._client is None:
-            self._client = grpcaio.InferenceServerClient(self.url)
+            self._client = grpcaio.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
         return self._client
 
     async def close(self) -> None:
@@ -197,7 +214,7 @@ class TritonGateway:
             if "NOT_FOUND" in status or "unknown model" in (exc.message() or ""):
                 raise model_not_found(model, "does not exist or is not loaded") from None
             if "UNAVAILABLE" in status or "DEADLINE" in status:
-                raise unavailable(f"Triton at {self.url} is not reachable") from None
+                raise unreachable(self.url) from None
             raise from_triton(exc.message() or status, model) from None
         config = reply.get("config", {})
         spec = ModelSpec(
@@ -215,7 +232,7 @@ class TritonGateway:
         try:
             index = await self.client.get_model_repository_index(as_json=True, client_timeout=10)
         except InferenceServerException as exc:
-            raise unavailable(f"Triton at {self.url} is not reachable: {exc.message()}") from None
+            raise unreachable(self.url, exc.message() or "") from None
         names = []
         for entry in index.get("models", []):
             if entry.get("state") != "READY":
