@@ -43,12 +43,17 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 OFFLINE = """
-import json, sys
+import json, os, sys
 from vllm import LLM, SamplingParams
+from vllm.platforms import current_platform
+from tritonforge.engines.host_settings import for_this_host
 from vllm.lora.request import LoRARequest
 args, adapters, prompt, greedy = (json.loads(a) for a in sys.argv[1:5])
 if __name__ == "__main__":
-    llm = LLM(**args)
+    # The settings the server's adapter resolves for this host (dtype, threads).
+    host = for_this_host(args, current_platform.is_cpu())
+    os.environ.update(host.env)
+    llm = LLM(**host.engine)
     requests = {None: None} | {
         name: LoRARequest(name, int_id, path) for name, int_id, path in adapters
     }

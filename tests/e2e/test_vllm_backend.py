@@ -59,11 +59,16 @@ def test_non_streamed_text_echoes_prompt_unless_excluded(server) -> None:
 
 
 OFFLINE = """
-import json, sys
+import json, os, sys
 from vllm import LLM, SamplingParams
+from vllm.platforms import current_platform
+from tritonforge.engines.host_settings import for_this_host
 args, prompts, chats = (json.loads(a) for a in sys.argv[1:4])
 if __name__ == "__main__":
-    llm = LLM(**args)
+    # The settings the server's adapter resolves for this host (dtype, threads).
+    host = for_this_host(args, current_platform.is_cpu())
+    os.environ.update(host.env)
+    llm = LLM(**host.engine)
     greedy = SamplingParams(temperature=0, max_tokens=24)
     tokenizer = llm.get_tokenizer()
     # Chats as the server renders them: the chat template, then its tokens unchanged.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -22,6 +23,7 @@ from typing import Any
 
 from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.workload import BenchRequest, read_workload
+from tritonforge.engines.host_settings import for_this_host
 
 
 def engine_kwargs(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -93,9 +95,15 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     # loop; next to any other busy process on two cores it ran 10x slower here.
     from vllm import LLM
     from vllm.config import SchedulerConfig
+    from vllm.platforms import current_platform
 
-    kwargs, dropped = engine_kwargs(job["engine_settings"])
-    notes = [f"not LLM arguments, left out: {', '.join(dropped)}"] if dropped else []
+    # The settings the Triton model's adapter resolves for this host (dtype, threads).
+    host = for_this_host(job["engine_settings"], current_platform.is_cpu())
+    os.environ.update(host.env)
+    kwargs, dropped = engine_kwargs(host.engine)
+    notes = list(host.reasons)
+    if dropped:
+        notes.append(f"not LLM arguments, left out: {', '.join(dropped)}")
     if "max_num_batched_tokens" not in kwargs:
         # LLM's own CPU default (4096) differs from the servers' (2048): unpinned, the
         # ceiling would run another scheduler budget than the targets it is compared to.

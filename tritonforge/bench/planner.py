@@ -51,7 +51,9 @@ class KvGeometry:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-        name = (dtype or config.get("dtype") or config.get("torch_dtype") or "bfloat16").lower()
+        # "auto" (model.json's default) means the model's own dtype, as vLLM reads it.
+        chosen = None if dtype == "auto" else dtype
+        name = (chosen or config.get("dtype") or config.get("torch_dtype") or "bfloat16").lower()
         if name not in DTYPE_BYTES:
             raise ValueError(f"unknown KV dtype {name!r}; known: {', '.join(DTYPE_BYTES)}")
         return cls(int(config["num_hidden_layers"]), kv_heads, head_dim, DTYPE_BYTES[name])

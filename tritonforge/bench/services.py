@@ -27,6 +27,7 @@ import requests
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, Target, TargetKind
 from tritonforge.engines.config import expand_env
+from tritonforge.engines.host_settings import HostSettings, for_this_host
 from tritonforge.launch.launcher import (
     REPO_ROOT,
     OpenAIFrontend,
@@ -196,8 +197,15 @@ class VllmOpenAIService:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = field(default=None, init=False)
 
-    def command(self) -> list[str]:
+    def host_settings(self) -> HostSettings:
+        """model.json resolved for this host, as the Triton model's adapter resolves it."""
+        import torch
+
         settings = load_engine_settings(self.engine_config)
+        return for_this_host(settings, cpu=not torch.cuda.is_available())
+
+    def command(self) -> list[str]:
+        settings = self.host_settings().engine
         return [
             sys.executable,
             "-m",
@@ -221,7 +229,7 @@ class VllmOpenAIService:
             log.write(("$ " + " ".join(command) + "\n").encode())
         self.process = subprocess.Popen(
             command,
-            env=server_environment(),
+            env={**server_environment(), **self.host_settings().env},
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -25,6 +25,7 @@ their slots. Workaround L1, see docs/triton-2.51-workarounds.md.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from safetensors.numpy import load_file, save_file
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
+from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -51,8 +53,12 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
+from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.serving.sampling import SamplingParams
+
+# Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler.
+_log = init_logger("vllm.tritonforge")
 
 
 class _SchedulerSnapshot(StatLoggerBase):
@@ -144,9 +150,17 @@ class VllmEngine(HFTokenizedEngine):
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
+        """Resolve the host-dependent settings (host_settings.py), log them, build the args.
+
+        The OpenMP binding is an environment variable vLLM reads when it starts its
+        worker (at ``start``), so it is set here, in this model's own stub process.
+        """
+        resolved = for_this_host(settings, current_platform.is_cpu())
+        os.environ.update(resolved.env)
+        for line in resolved.reasons:
+            _log.info(line)
         # Never log prompts: vLLM's request logging stays off whatever the file says.
-        settings["enable_log_requests"] = False
-        return cls(AsyncEngineArgs(**settings))
+        return cls(AsyncEngineArgs(**{**resolved.engine, "enable_log_requests": False}))
 
     def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
         """Check the adapters against the engine's LoRA settings now, not at a request."""

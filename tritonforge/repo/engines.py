@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonforge.engines.host_settings import BIND_KEY
+
 
 @dataclass(frozen=True)
 class KnownArgs:
@@ -34,7 +36,7 @@ class EngineSpec:
     config_file: str  # model.json / model.yaml in the version directory
     model_key: str  # the engine argument naming the model
     path_keys: tuple[str, ...]  # arguments that are paths ($VAR, relative to the version dir)
-    model_kind: str  # "hf" (a HuggingFace directory) or "gguf" (a file)
+    model_kind: str  # "hf" (a HuggingFace directory), "gguf" (a file) or "tokenizer" (a directory)
     module: str  # what requires.txt names: the launcher skips the model where it is missing
     max_inflight: int  # the shipped model's bound
     defaults: dict[str, Any] = field(default_factory=dict)  # written unless overridden
@@ -86,6 +88,17 @@ ENGINES: dict[str, EngineSpec] = {
             },
             file_keys=frozenset({"triton_config"}),
         ),
+        EngineSpec(
+            key="synthetic",
+            label="synthetic",
+            backend="synthetic",
+            config_file="model.json",
+            model_key="tokenizer",
+            path_keys=("tokenizer",),
+            model_kind="tokenizer",
+            module="transformers",
+            max_inflight=1024,
+        ),
     )
 }
 
@@ -105,7 +118,9 @@ def _vllm_args() -> KnownArgs:
     vllm = importlib.import_module("vllm")
     fields = dataclasses.fields(arg_utils.AsyncEngineArgs)
     version = getattr(vllm, "__version__", "?")
-    return KnownArgs(frozenset(f.name for f in fields), f"vLLM {version} AsyncEngineArgs")
+    # Plus the one key this project's adapter reads itself (engines/host_settings.py).
+    names = frozenset(f.name for f in fields) | {BIND_KEY}
+    return KnownArgs(names, f"vLLM {version} AsyncEngineArgs")
 
 
 def _llamacpp_args() -> KnownArgs:
@@ -130,10 +145,18 @@ def _tensorrt_llm_args() -> KnownArgs:
     return KnownArgs(names, f"TensorRT-LLM {version} TorchLlmArgs")
 
 
+def _synthetic_args() -> KnownArgs:
+    synthetic = importlib.import_module("tritonforge.engines.synthetic")
+    return KnownArgs(
+        frozenset(synthetic.SyntheticSettings.model_fields), "synthetic engine settings"
+    )
+
+
 _PROVIDERS: dict[str, Callable[[], KnownArgs]] = {
     "vllm": _vllm_args,
     "llamacpp": _llamacpp_args,
     "tensorrt_llm": _tensorrt_llm_args,
+    "synthetic": _synthetic_args,
 }
 
 
