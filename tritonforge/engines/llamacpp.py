@@ -54,7 +54,7 @@ from tritonforge.engines.base import (
 )
 from tritonforge.engines.gbnf import compile_grammar
 from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
-from tritonforge.engines.text_stream import TextStream
+from tritonforge.engines.text_stream import TextStream, TokenDecoding
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
 
@@ -137,39 +137,6 @@ class _Job:
 
 
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
-
-
-@dataclass
-class _Decoding:
-    """One running request's text and progress (the worker thread's only)."""
-
-    params: SamplingParams
-    pieces: list[bytes]
-    ends_generation: np.ndarray
-    stream: TextStream
-    limit: int  # max_tokens; Engine.prepare already checked it fits the context
-    generated: int = 0
-    cumulative_logprob: float | None = None
-
-    def advance(self, token: int) -> tuple[str, str | None]:
-        """Count ``token``; the text it adds and, if it ends the request, why."""
-        self.generated += 1
-        params, piece = self.params, self.pieces[token]
-        is_stop_token = token in params.stop_token_ids
-        if self.ends_generation[token] or is_stop_token:
-            # An end token adds no text (as in vLLM) unless it is a stop token the
-            # client asked to see.
-            text = ""
-            if is_stop_token and params.include_stop_str_in_output:
-                text = self.stream.add(piece).text
-            return text + self.stream.finish().text, "stop"
-        delta = self.stream.add(piece)
-        if delta.stop is not None:
-            return delta.text, "stop"
-        if self.generated >= self.limit:
-            end = self.stream.finish()
-            return delta.text + end.text, "stop" if end.stop is not None else "length"
-        return delta.text, None
 
 
 class LlamaCppEngine(Engine):
@@ -402,14 +369,14 @@ class LlamaCppEngine(Engine):
         finally:
             tokens.close()
 
-    def _begin(self, job: _Job) -> _Decoding:
+    def _begin(self, job: _Job) -> TokenDecoding:
         params, llama = job.sampling, self._llama
         # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
         llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
         llama.reset()
         if self._loras:
             self._use_adapter(job.lora)
-        return _Decoding(
+        return TokenDecoding(
             params=params,
             pieces=self._vocab.pieces(params.skip_special_tokens),
             ends_generation=self._vocab.ends_generation,
@@ -425,7 +392,7 @@ class LlamaCppEngine(Engine):
         if lora is not None and llama_cpp.llama_set_adapter_lora(context, lora, 1.0) != 0:
             raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
 
-    def _sample(self, job: _Job, decoding: _Decoding) -> Generator[int, Any, None]:
+    def _sample(self, job: _Job, decoding: TokenDecoding) -> Generator[int, Any, None]:
         """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""
         params, ends = job.sampling, decoding.ends_generation
 
@@ -449,7 +416,7 @@ class LlamaCppEngine(Engine):
             grammar=job.grammar,
         )
 
-    def _step(self, decoding: _Decoding, token: int) -> EngineOutput:
+    def _step(self, decoding: TokenDecoding, token: int) -> EngineOutput:
         """The delta for one sampled token (logprobs read before the next evaluation)."""
         logprobs = None
         if decoding.params.logprobs is not None:

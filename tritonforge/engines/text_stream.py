@@ -22,6 +22,8 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tritonforge.serving.sampling import SamplingParams
+
 
 class StopStringMatcher:
     """Finds the first stop string in streamed text, holding back possible prefixes."""
@@ -91,3 +93,41 @@ class TextStream:
         if stop is not None:
             return TextDelta(tail, stop)
         return TextDelta(tail + self._stops.flush())
+
+
+@dataclass
+class TokenDecoding:
+    """One request's text and progress, for engines that sample one token id at a time.
+
+    ``pieces`` holds every token's bytes (special tokens as the request wants them
+    rendered) and ``ends_generation`` flags the end-of-generation ids: both are tables
+    the engine reads once, so a token costs list lookups.
+    """
+
+    params: SamplingParams
+    pieces: Sequence[bytes]
+    ends_generation: Sequence[bool]
+    stream: TextStream
+    limit: int  # max_tokens; Engine.prepare already checked it fits the context
+    generated: int = 0
+    cumulative_logprob: float | None = None
+
+    def advance(self, token: int) -> tuple[str, str | None]:
+        """Count ``token``; the text it adds and, if it ends the request, why."""
+        self.generated += 1
+        params, piece = self.params, self.pieces[token]
+        is_stop_token = token in params.stop_token_ids
+        if self.ends_generation[token] or is_stop_token:
+            # An end token adds no text (as in vLLM) unless it is a stop token the
+            # client asked to see.
+            text = ""
+            if is_stop_token and params.include_stop_str_in_output:
+                text = self.stream.add(piece).text
+            return text + self.stream.finish().text, "stop"
+        delta = self.stream.add(piece)
+        if delta.stop is not None:
+            return delta.text, "stop"
+        if self.generated >= self.limit:
+            end = self.stream.finish()
+            return delta.text + end.text, "stop" if end.stop is not None else "length"
+        return delta.text, None

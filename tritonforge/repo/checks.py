@@ -276,6 +276,9 @@ def _check_model_path(
             report.error(f"{where}: {spec.model_key}: {shown} is not a GGUF file")
     elif not path.is_dir():
         report.error(f"{where}: {spec.model_key}: model directory {shown} does not exist")
+    elif spec.model_kind == "tokenizer":
+        if not (path / "tokenizer_config.json").is_file():
+            report.error(f"{where}: {spec.model_key}: {shown} has no tokenizer_config.json")
     elif not (path / "config.json").is_file():
         report.error(
             f"{where}: {spec.model_key}: {shown} has no config.json — not a HuggingFace "

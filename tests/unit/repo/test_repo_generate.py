@@ -306,9 +306,15 @@ def test_command_line_values() -> None:
 
 def test_engine_table_matches_the_adapters_config_files() -> None:
     from tritonforge.engines.llamacpp import LlamaCppEngine
+    from tritonforge.engines.synthetic import SyntheticEngine
     from tritonforge.engines.tensorrtllm import TensorRTLLMEngine
 
-    for key, adapter in (("llamacpp", LlamaCppEngine), ("tensorrt_llm", TensorRTLLMEngine)):
+    adapters = (
+        ("llamacpp", LlamaCppEngine),
+        ("tensorrt_llm", TensorRTLLMEngine),
+        ("synthetic", SyntheticEngine),
+    )
+    for key, adapter in adapters:
         spec = ENGINES[key]
         assert spec.config_file == adapter.config_file.name
         assert spec.path_keys == adapter.config_file.path_keys

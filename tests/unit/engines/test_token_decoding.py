@@ -1,14 +1,10 @@
-"""Sampled llama.cpp tokens become text deltas and finish reasons (llama-cpp-python, no model)."""
+"""Sampled token ids become text deltas and finish reasons (llama.cpp, synthetic; no model)."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-pytest.importorskip("llama_cpp")
-
-from tritonforge.engines.llamacpp import _Decoding
-from tritonforge.engines.text_stream import TextStream
+from tritonforge.engines.text_stream import TextStream, TokenDecoding
 from tritonforge.serving.sampling import SamplingParams
 
 # Token 0 ends generation; 1-3 are text ("é" is split over 2 and 3).
@@ -19,7 +15,7 @@ ENDS = np.array([True, False, False, False])
 def decode(tokens: list[int], limit: int = 10, **sampling) -> list[tuple[str, str | None]]:
     params = SamplingParams(**sampling)
     stream = TextStream(params.stop, params.include_stop_str_in_output)
-    decoding = _Decoding(params, PIECES, ENDS, stream, limit)
+    decoding = TokenDecoding(params, PIECES, ENDS, stream, limit)
     return [decoding.advance(t) for t in tokens]
 
 
