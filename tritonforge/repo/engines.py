@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonforge.engines.host_settings import BIND_KEY
+
 
 @dataclass(frozen=True)
 class KnownArgs:
@@ -116,7 +118,9 @@ def _vllm_args() -> KnownArgs:
     vllm = importlib.import_module("vllm")
     fields = dataclasses.fields(arg_utils.AsyncEngineArgs)
     version = getattr(vllm, "__version__", "?")
-    return KnownArgs(frozenset(f.name for f in fields), f"vLLM {version} AsyncEngineArgs")
+    # Plus the one key this project's adapter reads itself (engines/host_settings.py).
+    names = frozenset(f.name for f in fields) | {BIND_KEY}
+    return KnownArgs(names, f"vLLM {version} AsyncEngineArgs")
 
 
 def _llamacpp_args() -> KnownArgs:
