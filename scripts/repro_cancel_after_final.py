@@ -27,7 +27,7 @@ from pathlib import Path
 import requests
 import tritonclient.grpc as grpcclient
 
-from tritonforge.bench.reliability import Clients, GrpcStream, grpc_request
+from tritonforge.bench.reliability.clients import Clients, GrpcStream, grpc_request
 from tritonforge.launch.launcher import TritonServer
 
 MODEL = "ensemble_vllm"

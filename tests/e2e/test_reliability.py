@@ -15,15 +15,12 @@ import asyncio
 
 import pytest
 
-from tritonforge.bench.malformed import malformed_storm
-from tritonforge.bench.reliability import (
-    ENSEMBLE,
-    LLM,
-    Scenario,
-    cancel_storm,
-    mixed_load,
-    sigterm_under_load,
-)
+from tritonforge.bench.reliability.cancel_storm import cancel_storm
+from tritonforge.bench.reliability.malformed import malformed_storm
+from tritonforge.bench.reliability.mixed_load import mixed_load
+from tritonforge.bench.reliability.models import ENSEMBLE, LLM
+from tritonforge.bench.reliability.sigterm import sigterm_under_load
+from tritonforge.bench.reliability.verdict import Scenario
 from tritonforge.launch.launcher import TritonServer
 
 pytestmark = pytest.mark.server

@@ -152,6 +152,11 @@ def _add_soak(sub: argparse._SubParsersAction) -> None:
     soak.add_argument(
         "--models", nargs="+", default=["vllm_model", "ensemble_vllm"], help="models under load"
     )
+    soak.add_argument(
+        "--engine-model",
+        default="vllm_model",
+        help="the vLLM model among --models: its engine metrics are read, it takes chat messages",
+    )
     soak.add_argument("--cancel-streams", type=int, default=100)
     soak.add_argument("--malformed-examples", type=int, default=200)
     soak.add_argument("--sigterm-requests", type=int, help="in flight at SIGTERM (concurrency)")

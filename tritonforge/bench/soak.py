@@ -22,7 +22,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,13 +39,11 @@ from tritonforge.bench.environment import (
     served_code,
     tritonserver_version,
 )
-from tritonforge.bench.reliability import (
-    Scenario,
-    cancel_storm,
-    mixed_load,
-    models_to_load,
-    sigterm_under_load,
-)
+from tritonforge.bench.reliability.cancel_storm import cancel_storm
+from tritonforge.bench.reliability.mixed_load import mixed_load
+from tritonforge.bench.reliability.models import LLM, models_to_load
+from tritonforge.bench.reliability.sigterm import sigterm_under_load
+from tritonforge.bench.reliability.verdict import Scenario
 from tritonforge.launch.launcher import REPO_ROOT, TritonServer
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "reliability"
@@ -57,6 +55,7 @@ class SoakSettings(BaseModel):
     warmup_minutes: float
     concurrency: int
     models: list[str]
+    engine_model: str = LLM  # among the models: its engine gauges are read, it takes chat
     cancel_streams: int
     malformed_examples: int
     sigterm_requests: int
@@ -93,7 +92,6 @@ def run(
     settings: SoakSettings, results_root: Path = RESULTS_ROOT, allow_served_mismatch: bool = False
 ) -> tuple[Path, SoakResult]:
     """Start the server, run the four scenarios, write results.json and report.md."""
-    from tritonforge.bench.malformed import malformed_storm
     from tritonforge.launch.model_store import ensure_default_model
 
     console = Console(stderr=True)
@@ -108,46 +106,12 @@ def run(
         console.print(f"[yellow]note: {len(others)} other tritonserver(s) running[/]")
     log = Path(tempfile.gettempdir()) / f"tritonforge-soak-{stamp}.log"
     server = TritonServer.on_free_ports(models=models_to_load(settings.models), log_path=log)
-    scenarios: list[Scenario] = []
     console.print(f"soak: starting tritonserver ({', '.join(settings.models)}); log {log}")
     server.start()
     try:
         server.wait_ready()
         env.tritonserver = tritonserver_version(server.http_url)
-        duration = settings.minutes * 60
-        console.print(f"soak: mixed load, {settings.minutes:g} min at {settings.concurrency}")
-        scenarios.append(
-            asyncio.run(
-                mixed_load(
-                    server,
-                    models=settings.models,
-                    concurrency=settings.concurrency,
-                    duration_s=duration,
-                    warmup_s=settings.warmup_minutes * 60,
-                    processes=server.group_processes,
-                    seed=settings.seed,
-                    progress=lambda line: console.print(f"  {line}"),
-                )
-            )
-        )
-        _show(console, scenarios[-1])
-        console.print(f"soak: {settings.cancel_streams} streams cancelled at once")
-        scenarios.append(asyncio.run(cancel_storm(server, streams=settings.cancel_streams)))
-        _show(console, scenarios[-1])
-        console.print(f"soak: {settings.malformed_examples} malformed requests")
-        scenarios.append(
-            malformed_storm(server, settings.malformed_examples, models=settings.models)
-        )
-        _show(console, scenarios[-1])
-        console.print(f"soak: SIGTERM with {settings.sigterm_requests} requests in flight")
-        scenarios.append(
-            asyncio.run(
-                sigterm_under_load(
-                    server, models=settings.models, requests=settings.sigterm_requests
-                )
-            )
-        )
-        _show(console, scenarios[-1])
+        scenarios = run_scenarios(server, settings, console)
     finally:
         server.stop()
     result = SoakResult(
@@ -165,6 +129,59 @@ def run(
     (out / "results.json").write_text(result.model_dump_json(indent=2) + "\n")
     (out / "report.md").write_text(report(result))
     return out, result
+
+
+def run_scenarios(server: TritonServer, s: SoakSettings, console: Console) -> list[Scenario]:
+    """The four scenarios in order on a ready server; the last one ends it."""
+    from tritonforge.bench.reliability.malformed import malformed_storm
+
+    def mixed() -> Scenario:
+        return asyncio.run(
+            mixed_load(
+                server,
+                models=s.models,
+                concurrency=s.concurrency,
+                duration_s=s.minutes * 60,
+                warmup_s=s.warmup_minutes * 60,
+                processes=server.group_processes,
+                seed=s.seed,
+                progress=lambda line: console.print(f"  {line}"),
+                chat_models=(s.engine_model,),
+            )
+        )
+
+    steps: list[tuple[str, Callable[[], Scenario]]] = [
+        (f"mixed load, {s.minutes:g} min at {s.concurrency}", mixed),
+        (
+            f"{s.cancel_streams} streams cancelled at once",
+            lambda: asyncio.run(
+                cancel_storm(server, streams=s.cancel_streams, model=s.engine_model)
+            ),
+        ),
+        (
+            f"{s.malformed_examples} malformed requests",
+            lambda: malformed_storm(
+                server, s.malformed_examples, models=s.models, chat_model=s.engine_model
+            ),
+        ),
+        (
+            f"SIGTERM with {s.sigterm_requests} requests in flight",
+            lambda: asyncio.run(
+                sigterm_under_load(
+                    server,
+                    models=s.models,
+                    requests=s.sigterm_requests,
+                    engine_model=s.engine_model,
+                )
+            ),
+        ),
+    ]
+    scenarios = []
+    for what, scenario in steps:
+        console.print(f"soak: {what}")
+        scenarios.append(scenario())
+        _show(console, scenarios[-1])
+    return scenarios
 
 
 def _show(console: Console, scenario: Scenario) -> None:
@@ -283,6 +300,7 @@ def main(args: Any) -> int:
         else min(1.0, args.minutes / 4),
         concurrency=args.concurrency,
         models=args.models,
+        engine_model=args.engine_model,
         cancel_streams=args.cancel_streams,
         malformed_examples=args.malformed_examples,
         sigterm_requests=args.sigterm_requests or args.concurrency,

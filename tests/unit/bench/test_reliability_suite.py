@@ -12,14 +12,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-from tritonforge.bench.malformed import Malformed, malformed_requests
-from tritonforge.bench.reliability import (
-    _bytes_raw,
-    grpc_request,
-    models_to_load,
-    parse_metric,
-    shutdown_log,
-)
+from tritonforge.bench.reliability.clients import bytes_raw, grpc_request
+from tritonforge.bench.reliability.malformed import Malformed, malformed_requests
+from tritonforge.bench.reliability.models import models_to_load
+from tritonforge.bench.reliability.probes import parse_metric, shutdown_log
 from tritonforge.serving.errors import RequestError, printable
 from tritonforge.serving.schema import parse_request
 
@@ -84,7 +80,7 @@ def test_grpc_request_asks_for_the_empty_final_response() -> None:
         ("text_input", "BYTES", [1]),
         ("stream", "BOOL", [1]),
     ]
-    assert request.raw_input_contents[0] == _bytes_raw("héllo") == b"\x06\x00\x00\x00h\xc3\xa9llo"
+    assert request.raw_input_contents[0] == bytes_raw("héllo") == b"\x06\x00\x00\x00h\xc3\xa9llo"
     assert request.raw_input_contents[1] == b"\x01"
 
 

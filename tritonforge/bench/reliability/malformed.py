@@ -38,7 +38,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from tritonforge.bench.reliability import ENSEMBLE, LLM, Scenario, Server
+from tritonforge.bench.reliability.clients import Server
+from tritonforge.bench.reliability.models import ENSEMBLE, LLM
+from tritonforge.bench.reliability.verdict import Scenario, judged
 from tritonforge.serving.errors import printable
 from tritonforge.serving.sampling import ACCEPTED_KEYS
 from tritonforge.serving.schema import TRANSPORT_PARAMETERS
@@ -234,14 +236,96 @@ def _sampling_fault(draw: st.DrawFn) -> tuple[str, str, Any]:
     return kind, key, draw(_JSONISH)
 
 
+def _sampling_case(
+    draw: st.DrawFn, transport: str, models: st.SearchStrategy[str], chat_model: str
+) -> Malformed:
+    what, key, value = draw(_sampling_fault())
+    # Request parameters carry scalars only; Triton's ensembles do not pass them on.
+    model = draw(models)
+    as_parameter = _scalar(value) and re.fullmatch("[a-z_]+", key) is not None
+    if as_parameter and model == chat_model and draw(st.booleans()):
+        return Malformed(
+            f"parameters/{what}",
+            f"parameters.{key}",
+            transport,
+            model=chat_model,
+            parameters={key: value},
+        )
+    raw = json.dumps({key: value}, allow_nan=True)
+    return Malformed(
+        f"sampling_parameters/{what}",
+        f"sampling_parameters.{key}",
+        transport,
+        model=model,
+        sampling_parameters=raw,
+    )
+
+
+def _sampling_json_case(
+    draw: st.DrawFn, transport: str, models: st.SearchStrategy[str]
+) -> Malformed:
+    raw = draw(
+        st.one_of(
+            _TEXT.filter(lambda t: t.strip() != "" and _json_or_error(t) is _ERROR),
+            _JSONISH.filter(lambda v: not isinstance(v, dict)).map(json.dumps),
+        )
+    )
+    model = draw(models)
+    return Malformed(
+        "sampling_parameters/not_a_json_object",
+        "sampling_parameters",
+        transport,
+        model=model,
+        sampling_parameters=raw,
+    )
+
+
+def _context_case(
+    draw: st.DrawFn, transport: str, models: st.SearchStrategy[str], chat_model: str
+) -> Malformed:
+    """The prompt's tokens + max_tokens must fit the context; the error names the key in
+    the tensor's spelling (it is checked after tokenising, in every engine)."""
+    if draw(st.booleans()):
+        max_tokens = draw(st.integers(CONTEXT, 2**62))
+        return Malformed(
+            "context/max_tokens_beyond_context",
+            "sampling_parameters.max_tokens",
+            transport,
+            model=draw(models),
+            sampling_parameters=json.dumps({"max_tokens": max_tokens}),
+        )
+    token = draw(st.integers(10**6, INT64[1]))
+    return Malformed(
+        "context/stop_token_id_beyond_vocabulary",
+        "sampling_parameters.stop_token_ids",
+        transport,
+        model=chat_model,
+        sampling_parameters=json.dumps({"stop_token_ids": [token]}),
+    )
+
+
+def _prompt_case(draw: st.DrawFn, transport: str, model: str) -> Malformed:
+    choice = draw(st.sampled_from(("empty", "too_long", "two_forms")))
+    if choice == "empty":
+        blank = draw(st.text(st.sampled_from(" \t\n\r"), max_size=4))
+        return Malformed("prompt/empty", "text_input", transport, model, text_input=blank)
+    if choice == "too_long":
+        text = "word " * draw(st.integers(2100, 2600))
+        return Malformed("prompt/too_long", "text_input", transport, model, text_input=text)
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    return Malformed("prompt/text_and_messages", "text_input", transport, model, messages=messages)
+
+
 @st.composite
-def malformed_requests(draw: st.DrawFn, models: Sequence[str] = (LLM, ENSEMBLE)) -> Malformed:
+def malformed_requests(
+    draw: st.DrawFn, models: Sequence[str] = (LLM, ENSEMBLE), chat_model: str = LLM
+) -> Malformed:
     """One malformed request; hypothesis varies the fault, its value and the transport.
 
-    Prompt and chat faults go to vllm_model (the ensemble takes text only and reports an
-    empty prompt as its step's ``input_ids``); sampling faults go to any of ``models``.
+    Prompt and chat faults go to ``chat_model`` (an ensemble takes text only and reports
+    an empty prompt as its step's ``input_ids``); sampling faults go to any of ``models``.
     """
-    llm_or_ensemble = st.sampled_from([m for m in (LLM, ENSEMBLE) if m in models] or [LLM])
+    to_any = st.sampled_from(list(models) or [chat_model])
     transport = draw(st.sampled_from(("http", "grpc")))
     family = draw(
         st.sampled_from(
@@ -249,70 +333,17 @@ def malformed_requests(draw: st.DrawFn, models: Sequence[str] = (LLM, ENSEMBLE))
         )
     )
     if family == "sampling":
-        what, key, value = draw(_sampling_fault())
-        # Request parameters carry scalars only; Triton's ensembles do not pass them on.
-        model = draw(llm_or_ensemble)
-        as_parameter = _scalar(value) and re.fullmatch("[a-z_]+", key) is not None
-        if as_parameter and model == LLM and draw(st.booleans()):
-            return Malformed(
-                f"parameters/{what}", f"parameters.{key}", transport, parameters={key: value}
-            )
-        raw = json.dumps({key: value}, allow_nan=True)
-        return Malformed(
-            f"sampling_parameters/{what}",
-            f"sampling_parameters.{key}",
-            transport,
-            model=model,
-            sampling_parameters=raw,
-        )
+        return _sampling_case(draw, transport, to_any, chat_model)
     if family == "sampling_json":
-        raw = draw(
-            st.one_of(
-                _TEXT.filter(lambda t: t.strip() != "" and _json_or_error(t) is _ERROR),
-                _JSONISH.filter(lambda v: not isinstance(v, dict)).map(json.dumps),
-            )
-        )
-        model = draw(llm_or_ensemble)
-        return Malformed(
-            "sampling_parameters/not_a_json_object",
-            "sampling_parameters",
-            transport,
-            model=model,
-            sampling_parameters=raw,
-        )
+        return _sampling_json_case(draw, transport, to_any)
     if family == "context":
-        # The prompt's tokens + max_tokens must fit the context; the error names the key
-        # in the tensor's spelling (it is checked after tokenising, in every engine).
-        if draw(st.booleans()):
-            max_tokens = draw(st.integers(CONTEXT, 2**62))
-            return Malformed(
-                "context/max_tokens_beyond_context",
-                "sampling_parameters.max_tokens",
-                transport,
-                model=draw(llm_or_ensemble),
-                sampling_parameters=json.dumps({"max_tokens": max_tokens}),
-            )
-        token = draw(st.integers(10**6, INT64[1]))
-        return Malformed(
-            "context/stop_token_id_beyond_vocabulary",
-            "sampling_parameters.stop_token_ids",
-            transport,
-            sampling_parameters=json.dumps({"stop_token_ids": [token]}),
-        )
+        return _context_case(draw, transport, to_any, chat_model)
     if family == "prompt":
-        choice = draw(st.sampled_from(("empty", "too_long", "two_forms")))
-        if choice == "empty":
-            blank = draw(st.text(st.sampled_from(" \t\n\r"), max_size=4))
-            return Malformed("prompt/empty", "text_input", transport, text_input=blank)
-        if choice == "too_long":
-            words = draw(st.integers(2100, 2600))
-            return Malformed("prompt/too_long", "text_input", transport, text_input="word " * words)
-        messages = json.dumps([{"role": "user", "content": "hi"}])
-        return Malformed("prompt/text_and_messages", "text_input", transport, messages=messages)
-    return _messages_fault(draw, transport)
+        return _prompt_case(draw, transport, chat_model)
+    return _messages_fault(draw, transport, chat_model)
 
 
-def _messages_fault(draw: st.DrawFn, transport: str) -> Malformed:
+def _messages_fault(draw: st.DrawFn, transport: str, model: str) -> Malformed:
     choice = draw(st.sampled_from(("not_json", "not_a_list", "role", "content", "key", "item")))
     field = "messages"
     if choice == "not_json":
@@ -336,7 +367,7 @@ def _messages_fault(draw: st.DrawFn, transport: str) -> Malformed:
     else:
         item = draw(_JSONISH.filter(lambda v: not isinstance(v, dict)))
         raw, field = json.dumps([item]), "messages[0]"
-    return Malformed(f"messages/{choice}", field, transport, text_input=None, messages=raw)
+    return Malformed(f"messages/{choice}", field, transport, model, text_input=None, messages=raw)
 
 
 _ERROR = object()
@@ -435,31 +466,25 @@ def send(server: Server, case: Malformed, timeout_s: float = 60.0) -> Answer:
     return Answer(case, status, message, ready, not why, "; ".join(why))
 
 
-def greedy_answer(server: Server) -> str:
-    """vllm_model's greedy answer to a fixed prompt (derived on this machine, never fixed)."""
+def greedy_answer(server: Server, model: str = LLM) -> str:
+    """``model``'s greedy answer to a fixed prompt (derived on this machine, never fixed)."""
     body = {"text_input": GREEDY_PROMPT, "exclude_input_in_output": True, "parameters": GREEDY}
     reply = requests.post(
-        f"http://{server.http_url}/v2/models/{LLM}/generate", json=body, timeout=120
+        f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=120
     ).json()
     if "text_output" not in reply:
         raise RuntimeError(f"the greedy reference request failed: {reply}")
     return reply["text_output"]
 
 
-def malformed_storm(
-    server: Server,
-    examples: int = 200,
-    seed: int | None = None,
-    models: Sequence[str] = (LLM, ENSEMBLE),
-) -> Scenario:
-    """``examples`` generated malformed requests; the server must refuse each by name.
+def _storm(
+    server: Server, examples: int, seed: int | None, cases: st.SearchStrategy[Malformed]
+) -> tuple[list[Answer], str]:
+    """Send ``examples`` cases until one is answered wrongly; the answers and that failure.
 
     hypothesis stops at the first request answered wrongly and shrinks it to the
-    simplest request that still is; that request and the server's answer are the
-    scenario's failure. ``seed`` fixes the examples (None: new ones each run).
+    simplest request that still is; that request and the server's answer are the failure.
     """
-    started = time.monotonic()
-    before = greedy_answer(server)
     answers: list[Answer] = []
 
     @settings(
@@ -471,29 +496,61 @@ def malformed_storm(
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
-    @given(case=malformed_requests(models))
+    @given(case=cases)
     def refused_by_name(case: Malformed) -> None:
         answer = send(server, case)
         answers.append(answer)
         assert answer.ok, answer.why
 
-    failure = ""
     run = refused_by_name if seed is None else _seeded(refused_by_name, seed)
     try:
         run()
     except AssertionError:
         bad = next((a for a in reversed(answers) if not a.ok), None)
-        failure = (
-            f"{bad.why}: {bad.case} -> {bad.status}: {bad.message[:300]}"
-            if bad
-            else "hypothesis reported a failure"
-        )
-    after = greedy_answer(server)
-    ready = all(model_ready(server, m) for m in {a.case.model for a in answers} | {LLM})
+        if bad is None:
+            return answers, "hypothesis reported a failure"
+        return answers, f"{bad.why}: {bad.case} -> {bad.status}: {bad.message[:300]}"
+    return answers, ""
+
+
+def _storm_figures(answers: list[Answer], before: str, after: str) -> dict[str, Any]:
     tally: dict[str, int] = {}
     for answer in answers:
         key = f"{answer.case.transport} {answer.case.what} -> {answer.status}"
         tally[key] = tally.get(key, 0) + 1
+    return {
+        "sent": len(answers),
+        "refused_by_name": sum(a.ok for a in answers),
+        "over_http": sum(a.case.transport == "http" for a in answers),
+        "over_grpc": sum(a.case.transport == "grpc" for a in answers),
+        "http_statuses": sorted({a.status for a in answers if a.case.transport == "http"}),
+        "faults": len({a.case.what for a in answers}),
+        "by_fault": dict(sorted(tally.items())),
+        "greedy_before": before,
+        "greedy_after": after,
+        "greedy_unchanged": after == before,
+    }
+
+
+def malformed_storm(
+    server: Server,
+    examples: int = 200,
+    seed: int | None = None,
+    models: Sequence[str] = (LLM, ENSEMBLE),
+    chat_model: str = LLM,
+) -> Scenario:
+    """``examples`` generated malformed requests; the server must refuse each by name.
+
+    Sampling faults go to any of ``models``, prompt and chat faults to ``chat_model``,
+    whose greedy answer is compared before and after. ``seed`` fixes the examples (None:
+    new ones each run).
+    """
+    started = time.monotonic()
+    before = greedy_answer(server, chat_model)
+    answers, failure = _storm(server, examples, seed, malformed_requests(models, chat_model))
+    after = greedy_answer(server, chat_model)
+    served = {a.case.model for a in answers} | {chat_model}
+    ready = all(model_ready(server, m) for m in served)
     failures = [failure] if failure else []
     if len(answers) < examples:
         failures.append(f"only {len(answers)} of {examples} requests were generated and sent")
@@ -501,31 +558,14 @@ def malformed_storm(
         failures.append("a model was not ready after the storm")
     if after != before:
         failures.append(f"greedy answer changed: {before!r} -> {after!r}")
-    return Scenario(
-        name="malformed_storm",
-        passed=not failures,
-        criteria=[
-            f">= {examples} hypothesis-generated malformed requests over HTTP and gRPC",
-            "each refused (HTTP 4xx / gRPC error) with a message naming the broken field",
-            "the model ready after each request and after the storm",
-            "the greedy answer to a fixed prompt unchanged (taken on this server before)",
-        ],
-        figures={
-            "sent": len(answers),
-            "refused_by_name": sum(a.ok for a in answers),
-            "over_http": sum(a.case.transport == "http" for a in answers),
-            "over_grpc": sum(a.case.transport == "grpc" for a in answers),
-            "http_statuses": sorted({a.status for a in answers if a.case.transport == "http"}),
-            "faults": len({a.case.what for a in answers}),
-            "by_fault": dict(sorted(tally.items())),
-            "greedy_before": before,
-            "greedy_after": after,
-            "greedy_unchanged": after == before,
-            "hypothesis_seed": seed,
-        },
-        failures=failures,
-        seconds=round(time.monotonic() - started, 1),
-    )
+    criteria = [
+        f">= {examples} hypothesis-generated malformed requests over HTTP and gRPC",
+        "each refused (HTTP 4xx / gRPC error) with a message naming the broken field",
+        "the model ready after each request and after the storm",
+        "the greedy answer to a fixed prompt unchanged (taken on this server before)",
+    ]
+    figures = _storm_figures(answers, before, after) | {"hypothesis_seed": seed}
+    return judged("malformed_storm", criteria, figures, failures, started)
 
 
 def _seeded(test: Any, seed: int) -> Any:
