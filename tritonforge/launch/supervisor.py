@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import requests
@@ -141,6 +142,31 @@ def served_models(http_url: str, timeout_s: float = 2.0) -> list[str] | None:
         return None
 
 
+def shm_regions(pid: int) -> set[str]:
+    """The python backend's shared-memory files ``pid`` maps (``/dev/shm/…_shm_region_…``).
+
+    Server and stub share one region per model instance; a server that dies without
+    finalising its models leaves the files behind (1 MiB or more each, in RAM), so the
+    supervisor notes them while the server runs and removes them after its death.
+    """
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = {line.split(maxsplit=5)[-1] for line in lines if "/dev/shm/" in line}
+    return {p for p in paths if "_shm_region_" in p and p.startswith("/dev/shm/")}
+
+
+def remove_files(paths: set[str]) -> int:
+    """Unlink ``paths``; how many were still there."""
+    removed = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            Path(path).unlink()
+            removed += 1
+    return removed
+
+
 def _log(message: str) -> None:
     print(f"tritonforge: {message}", file=sys.stderr, flush=True)
 
@@ -159,6 +185,8 @@ class Supervisor:
     #: Models to load at the next start: the last set seen served.
     models: list[str] | None = None
     exits: list[str] = field(default_factory=list)
+    #: Shared-memory files the running server maps (removed once it has died).
+    regions: set[str] = field(default_factory=set)
     _stopping: bool = False
 
     def start(self) -> None:
@@ -200,13 +228,16 @@ class Supervisor:
         while True:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 return process.wait(timeout=self.poll_s)
-            if not self._stopping:
+            if self._stopping:  # stop() came from another thread while it (re)started
+                self.server.stop()
+            else:
                 self._track_models()
 
     def _track_models(self) -> None:
         seen = self.read_models(self.server.http_url)
         if seen is not None and self.server.process.poll() is None:
             self.models = seen
+        self.regions |= shm_regions(self.server.process.pid)
 
     def _restart(self, cause: str, delay: float, died: float) -> bool:
         """Clear the dead server's group, wait ``delay``, start it with the models it
@@ -219,6 +250,9 @@ class Supervisor:
             f"with models: {', '.join(models or []) or '(none)'}"
         )
         self.server.stop()  # its stubs and engine processes outlive it: end them first
+        if removed := remove_files(self.regions):
+            self.log(f"removed {removed} shared-memory region(s) the dead server left")
+        self.regions = set()
         self.sleep(delay)
         if self._stopping:
             return False

@@ -8,11 +8,14 @@ killed in tests/e2e/test_crash_recovery.py; these cover the policy fast.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import requests
@@ -44,9 +47,9 @@ class StandIn:
 
     def start(self) -> None:
         script = self.scripts[min(len(self.starts), len(self.scripts) - 1)]
-        self.starts.append(self.models)
         self.process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
         self.sessions.append(self.process.pid)
+        self.starts.append(self.models)
 
     def wait_ready(self) -> None:
         pass
@@ -207,3 +210,25 @@ def test_the_restart_counter_is_served_over_http() -> None:
     assert "tritonforge_tritonserver_up 1.0" in text
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_the_dead_servers_shared_memory_is_removed() -> None:
+    """A region the server mapped (as python backend's are) does not outlive its crash."""
+    region = Path(f"/dev/shm/tritonforge_test_shm_region_{os.getpid()}")
+    crash = (
+        f"{sys.executable} -c \"import mmap, os, time; f = open('{region}', 'w+b'); "
+        "f.truncate(4096); m = mmap.mmap(f.fileno(), 4096); time.sleep(0.5); "
+        'os.kill(os.getpid(), 11)"'
+    )
+    server = StandIn([f"exec {crash}", SERVE])
+    supervisor, _ = supervise(server)
+    supervisor.start()
+    thread, _ = in_thread(supervisor)
+    try:
+        wait_for(lambda: len(server.starts) == 2)
+        assert supervisor.exits == ["SIGSEGV"]
+        assert not region.exists()
+    finally:
+        supervisor.stop()
+        thread.join(10)
+        region.unlink(missing_ok=True)
