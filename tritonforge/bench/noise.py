@@ -91,13 +91,16 @@ def busiest_foreign(before: CpuSnapshot, after: CpuSnapshot, top: int = TOP_FORE
     return [f"{who}: {seconds:.1f} cpu s" for seconds, who in used[:top]]
 
 
+QUIET_WINDOW_S = 2.0  # foreign CPU is sampled this long before each round, too
+
+
 class RoundWatch:
     """Measure the foreign CPU share for a short window before a round and over it.
 
     ``with RoundWatch(quiet_window_s=2) as watch: run()`` then ``watch.sample``.
     """
 
-    def __init__(self, quiet_window_s: float = 2.0) -> None:
+    def __init__(self, quiet_window_s: float = QUIET_WINDOW_S) -> None:
         self.quiet_window_s = quiet_window_s
         self.sample: NoiseSample | None = None
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tritonforge.bench.contract import Comparison
+from tritonforge.bench.contract import Comparison, Target
 from tritonforge.bench.environment import Environment
 from tritonforge.bench.metrics import LevelMetrics
 
@@ -56,6 +56,18 @@ class TargetResult(BaseModel):
     # the noisy measurements, kept for the record and left out of every figure.
     discarded_rounds: list[LevelMetrics] = []
     interleaved: bool = True  # False: ran alone after the servers (the offline ceiling)
+
+    @classmethod
+    def of(cls, target: Target, status: Literal["ok", "failed"], **fields: Any) -> TargetResult:
+        """A served target's result, named and described as the contract names it."""
+        return cls(
+            name=target.name,
+            kind=target.kind.value,
+            model=target.model,
+            tool=target.tool,
+            status=status,
+            **fields,
+        )
 
     def rounds_at(self, level: float) -> dict[int, LevelMetrics]:
         """This level's metrics by round."""

@@ -262,7 +262,8 @@ def test_a_noisy_run_or_too_few_rounds_is_a_measurement_not_a_verdict() -> None:
 def test_a_sweep_stops_driving_a_target_once_a_rate_broke_in_every_round(tmp_path) -> None:
     from rich.console import Console
 
-    from tritonforge.bench.runner import LevelLoad, Runner, RunPlan
+    from tritonforge.bench.run_plan import LevelLoad, RunPlan
+    from tritonforge.bench.runner import Runner
 
     contract, digest = load_contract(CONTRACTS / "capacity.yaml")
     loads = [LevelLoad(rate, [], tmp_path / "t", tmp_path / "w") for rate in contract.load.levels]

@@ -14,7 +14,7 @@ from tritonforge.bench.environment import Environment, Machine, ModelIdentity
 from tritonforge.bench.metrics import MeasuredRequest, summarize
 from tritonforge.bench.noise import CpuSnapshot, NoiseSample, foreign_share, snapshot
 from tritonforge.bench.results import ComparisonResult, RunResult, Spread, TargetResult
-from tritonforge.bench.runner import rotated
+from tritonforge.bench.run_plan import rotated
 
 SLO = Slo(ttft_p95_ms=1000, tpot_p95_ms=100, error_budget=0.0)
 
@@ -133,7 +133,7 @@ def test_a_quiet_run_shows_medians_ranges_and_arrived_tokens() -> None:
 
 def test_every_round_and_target_gets_its_own_words_at_the_same_lengths(tmp_path) -> None:
     from tritonforge.bench.contract import load_contract
-    from tritonforge.bench.runner import LevelLoad, RunPlan
+    from tritonforge.bench.run_plan import LevelLoad, RunPlan
     from tritonforge.bench.workload import PromptBuilder, build_workload
     from tritonforge.launch.launcher import REPO_ROOT
 
@@ -158,7 +158,8 @@ def test_a_checkpoint_is_a_readable_run_marked_not_finished(tmp_path) -> None:
     import json
 
     from tritonforge.bench.contract import load_contract
-    from tritonforge.bench.runner import RunPlan, write_results
+    from tritonforge.bench.output import write_results
+    from tritonforge.bench.run_plan import RunPlan
     from tritonforge.launch.launcher import REPO_ROOT
 
     path = REPO_ROOT / "perf" / "contracts" / "smoke.yaml"

@@ -17,15 +17,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tritonforge.bench import aiperf_driver, perf_analyzer_driver, report
+from tritonforge.bench import aiperf_driver, lifecycle, perf_analyzer_driver, report
 from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, load_contract
 from tritonforge.bench.environment import Environment, Machine, ModelIdentity
 from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.noise import RoundWatch
+from tritonforge.bench.offline_ceiling import OfflineCeiling
 from tritonforge.bench.results import RunResult, TargetResult
-from tritonforge.bench.runner import LevelLoad, Runner, RunPlan
+from tritonforge.bench.run_plan import LevelLoad, RunPlan
+from tritonforge.bench.runner import Runner
 from tritonforge.bench.tools import ToolError
 from tritonforge.bench.workload import BenchRequest
 
@@ -258,8 +260,8 @@ def test_an_offline_engine_with_unreadable_output_fails_its_target(
         log.write_text("engine: out of memory\n")
         return 0
 
-    monkeypatch.setattr(Runner, "offline_job", lambda self, target: {})
-    monkeypatch.setattr(Runner, "run_offline_engine", engine)
+    monkeypatch.setattr(OfflineCeiling, "job", lambda self, target: {})
+    monkeypatch.setattr(OfflineCeiling, "run_engine", engine)
     result = Runner(plan, Console(file=io.StringIO())).run_offline(target)
     assert result.status == "failed"
     assert "unreadable records.json (JSONDecodeError" in result.error
@@ -294,7 +296,7 @@ def test_the_runner_starts_every_server_once_and_rotates_the_targets_each_round(
         order.append((load.level, target.name))
         return [MeasuredRequest(0, 0, 10**8, True, 8, 5.0, [], None, 8)]
 
-    monkeypatch.setattr(runner_module, "service_for", lambda kind, t, logs, served: Served(kind, t))
+    monkeypatch.setattr(lifecycle, "service_for", lambda kind, t, logs, served: Served(kind, t))
     monkeypatch.setattr(runner_module, "QUIET_WINDOW_S", 0.0)
     monkeypatch.setattr(Runner, "drive", drive)
     monkeypatch.setattr(
