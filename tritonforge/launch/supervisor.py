@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import requests
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 #: Repository index states that mean "this model is (being) served": a model still
@@ -49,7 +48,7 @@ class Supervised(Protocol):
     process: Any
 
     @property
-    def http_url(self) -> str: ...
+    def grpc_url(self) -> str: ...
 
     def start(self) -> None: ...
 
@@ -131,15 +130,23 @@ class SupervisorMetrics:
             self._server = None
 
 
-def served_models(http_url: str, timeout_s: float = 2.0) -> list[str] | None:
+def served_models(grpc_url: str, timeout_s: float = 2.0) -> list[str] | None:
     """Models the server serves now (repository index: READY or LOADING); None if it
-    does not answer (the last known set then stands)."""
+    does not answer (the last known set then stands).
+
+    Over gRPC, like every model control of this project: a stub started while an HTTP
+    connection is open inherits its socket (Triton 2.51), and this runs every poll.
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
     try:
-        reply = requests.post(f"http://{http_url}/v2/repository/index", timeout=timeout_s)
-        reply.raise_for_status()
-        return sorted({m["name"] for m in reply.json() if m.get("state") in SERVED_STATES})
-    except (requests.RequestException, ValueError, KeyError, TypeError):
+        with grpcclient.InferenceServerClient(grpc_url) as client:
+            index = client.get_model_repository_index(as_json=True, client_timeout=timeout_s)
+    except (InferenceServerException, OSError):
         return None
+    models = index.get("models", [])
+    return sorted({m["name"] for m in models if m.get("state") in SERVED_STATES})
 
 
 def shm_regions(pid: int) -> set[str]:
@@ -234,7 +241,7 @@ class Supervisor:
                 self._track_models()
 
     def _track_models(self) -> None:
-        seen = self.read_models(self.server.http_url)
+        seen = self.read_models(self.server.grpc_url)
         if seen is not None and self.server.process.poll() is None:
             self.models = seen
         self.regions |= shm_regions(self.server.process.pid)

@@ -26,6 +26,7 @@ from tritonforge.launch.supervisor import (
     Supervisor,
     SupervisorMetrics,
     exit_cause,
+    served_models,
 )
 
 #: A child left behind in the session (ignores SIGTERM), then the leader's end.
@@ -43,7 +44,7 @@ class StandIn:
     process: subprocess.Popen | None = None
     starts: list[Sequence[str] | None] = field(default_factory=list)
     sessions: list[int] = field(default_factory=list)
-    http_url: str = "127.0.0.1:1"
+    grpc_url: str = "127.0.0.1:1"
 
     def start(self) -> None:
         script = self.scripts[min(len(self.starts), len(self.scripts) - 1)]
@@ -232,3 +233,7 @@ def test_the_dead_servers_shared_memory_is_removed() -> None:
         supervisor.stop()
         thread.join(10)
         region.unlink(missing_ok=True)
+
+
+def test_a_server_that_does_not_answer_has_no_model_list() -> None:
+    assert served_models(f"127.0.0.1:{free_port()}", timeout_s=0.5) is None

@@ -1,0 +1,208 @@
+"""A crash of tritonserver under ``make serve``'s launcher is an incident of seconds.
+
+The launcher (``python -m tritonforge.launch.launcher``, what ``make serve`` runs) is
+started on free ports of its own with llama.cpp's model alone (ready in seconds; the
+supervision does not depend on the models) — never the session's server, which other
+tests use. A model loaded over gRPC after the start stands for "loaded at run time".
+Then tritonserver is SIGKILLed (a segfault's effect, on demand) with a gRPC stream and
+an OpenAI stream in flight:
+
+- both streams end with an error, none hangs;
+- the OpenAI frontend answers 503 with Retry-After while Triton is down, and serves
+  again once it is back — the same frontend process;
+- the launcher restarts tritonserver with both models, counts the restart by cause, and
+  removes what the dead server left (processes, shared memory);
+- SIGTERM to the launcher still stops everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from tests.e2e.client import control_model, llm_inputs, metric, model_state, stream, wait_for
+from tritonforge.launch.launcher import free_ports, session_processes
+from tritonforge.launch.supervisor import shm_regions
+
+MODEL = "llamacpp_model"
+RUNTIME_MODEL = "preprocessing"  # C++ tokenizer model: loads in well under a second
+pytestmark = pytest.mark.server
+
+
+@dataclass
+class Launched:
+    process: subprocess.Popen
+    http: str
+    grpc: str
+    openai: str
+    launcher_metrics: str
+    log: Path
+
+    def triton(self) -> psutil.Process:
+        [server] = [
+            p
+            for p in psutil.Process(self.process.pid).children()
+            if p.name() == "tritonserver" and p.status() != psutil.STATUS_ZOMBIE
+        ]
+        return server
+
+    def frontend(self) -> psutil.Process:
+        [frontend] = [
+            p
+            for p in psutil.Process(self.process.pid).children()
+            if "tritonforge.openai" in " ".join(p.cmdline())
+        ]
+        return frontend
+
+
+def _ready_line(process: subprocess.Popen, timeout_s: float) -> str:
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+    return lines.get(timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+    http, grpc, metrics, openai, launcher_metrics = free_ports(5)
+    env = {
+        **os.environ,
+        "TRITON_HTTP_PORT": str(http),
+        "TRITON_GRPC_PORT": str(grpc),
+        "TRITON_METRICS_PORT": str(metrics),
+        "TRITONFORGE_OPENAI_PORT": str(openai),
+        "TRITONFORGE_LAUNCHER_METRICS_PORT": str(launcher_metrics),
+    }
+    log = tmp_path_factory.mktemp("crash") / "launcher.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tritonforge.launch.launcher", "--models", MODEL],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log.open("wb"),
+        text=True,
+    )
+    try:
+        line = _ready_line(process, timeout_s=300)
+        assert "tritonforge ready" in line, log.read_text(errors="replace")[-3000:]
+        yield Launched(
+            process,
+            f"127.0.0.1:{http}",
+            f"127.0.0.1:{grpc}",
+            f"http://127.0.0.1:{openai}/v1",
+            f"http://127.0.0.1:{launcher_metrics}/metrics",
+            log,
+        )
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _chat(base: str, stream_it: bool, max_tokens: int, timeout_s: float = 60) -> requests.Response:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": max_tokens,
+        "stream": stream_it,
+    }
+    return requests.post(f"{base}/chat/completions", json=body, stream=stream_it, timeout=timeout_s)
+
+
+def _openai_stream(base: str, started: threading.Event, events: list[str]) -> None:
+    with _chat(base, True, 1000) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines(decode_unicode=True):
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+                started.set()
+
+
+def _in_flight(launched: Launched) -> tuple[list[threading.Thread], dict, list[str]]:
+    """An OpenAI stream generating, and a gRPC stream queued behind it (llama.cpp's
+    model decodes one sequence at a time here): both in flight at the kill."""
+    grpc_out: dict = {}
+    openai_events: list[str] = []
+    openai_started = threading.Event()
+    openai = threading.Thread(
+        target=_openai_stream, args=(launched.openai, openai_started, openai_events)
+    )
+    openai.start()
+    assert openai_started.wait(60), "the OpenAI stream never started"
+    inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
+    grpc = threading.Thread(
+        target=lambda: grpc_out.setdefault(
+            "result", stream(launched.grpc, MODEL, inputs, timeout_s=120)
+        )
+    )
+    grpc.start()
+    time.sleep(1.0)  # sent and queued in the model
+    return [openai, grpc], grpc_out, openai_events
+
+
+def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(launched) -> None:
+    control_model(launched.grpc, "load", RUNTIME_MODEL)
+    frontend = launched.frontend()
+    dead = launched.triton()
+    time.sleep(2.5)  # one poll of the launcher's (every 2 s) sees the runtime model
+    regions = shm_regions(dead.pid)
+    assert regions, "expected the python backend's shared memory mapped by the server"
+    threads, grpc_out, openai_events = _in_flight(launched)
+
+    dead.kill()
+    down = _chat(launched.openai, False, 4, timeout_s=10)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads), "a stream in flight hung after the crash"
+    assert grpc_out["result"].error is not None  # ended with an error, not a FINAL
+    assert openai_events[-1] == "[DONE]"
+    assert "error" in json.loads(openai_events[-2]), openai_events[-2]
+    assert down.status_code == 503, down.text
+    assert int(down.headers["retry-after"]) > 0
+    assert down.json()["error"]["code"] == "service_unavailable"
+
+    wait_for(lambda: _serves(launched), timeout_s=180, what="the OpenAI API to serve again")
+    recovery_s = time.monotonic() - killed
+    assert launched.frontend().pid == frontend.pid  # the frontend never restarted
+    assert launched.triton().pid != dead.pid
+    assert model_state(launched.http, MODEL) == "READY"
+    assert model_state(launched.http, RUNTIME_MODEL) == "READY"  # loaded at run time
+    restarts = metric(
+        launched.launcher_metrics, "tritonforge_tritonserver_restarts_total", cause="SIGKILL"
+    )
+    assert restarts == 1
+    log = launched.log.read_text(errors="replace")
+    assert "tritonserver died (SIGKILL); restart 1" in log, log[-3000:]
+    assert not session_processes(dead.pid)  # its stubs and reapers are gone
+    assert not [r for r in regions if Path(r).exists()]  # and its shared memory
+    print(f"serving again {recovery_s:.1f} s after the kill")
+
+
+def _serves(launched: Launched) -> bool:
+    reply = _chat(launched.openai, False, 4)
+    return reply.status_code == 200 and len(reply.json()["choices"]) == 1
+
+
+def test_sigterm_to_the_launcher_still_stops_everything(launched) -> None:
+    tree = psutil.Process(launched.process.pid).children(recursive=True)
+    assert tree
+    launched.process.send_signal(signal.SIGTERM)
+    assert launched.process.wait(timeout=90) == 0
+    psutil.wait_procs(tree, timeout=10)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert launched.log.read_text(errors="replace").count("tritonserver died") == 1  # the kill
