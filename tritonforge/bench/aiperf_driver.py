@@ -40,6 +40,31 @@ class HttpEndpoint:
     count_field: str | None = None
 
 
+def _load_flags(mode: str, level: float) -> list[str]:
+    if mode == "concurrency":
+        return ["--concurrency", str(int(level))]
+    return ["--request-rate", f"{level:g}", "--arrival-pattern", "poisson"]
+
+
+def _endpoint_flags(endpoint: HttpEndpoint, artifacts: Path) -> list[str]:
+    """The endpoint's path, raw export and ``--extra-inputs`` (a payload template as a file)."""
+    flags = ["--endpoint", endpoint.path] if endpoint.path else []
+    if endpoint.count_field:
+        flags += ["--export-level", "raw"]
+    extras: dict[str, object] = dict(endpoint.extra_inputs)
+    if endpoint.payload_template is not None:
+        template = artifacts / "payload_template.json"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        template.write_text(endpoint.payload_template)
+        extras["payload_template"] = str(template)
+    if endpoint.response_field:
+        extras["response_field"] = endpoint.response_field
+    for key, value in extras.items():
+        rendered = json.dumps(value) if not isinstance(value, str) else value
+        flags += ["--extra-inputs", f"{key}:{rendered}"]
+    return flags
+
+
 def aiperf_command(
     endpoint: HttpEndpoint,
     trace: Path,
@@ -51,64 +76,30 @@ def aiperf_command(
     max_duration_s: float,
     seed: int,
 ) -> list[str]:
-    cmd = [
-        str(tool_binary("aiperf")),
-        "profile",
-        "--model",
-        endpoint.model,
-        "--url",
-        endpoint.url,
-        "--endpoint-type",
-        endpoint.endpoint_type,
-        "--streaming",
-        "--tokenizer",
-        str(tokenizer),
-        "--input-file",
-        str(trace),
-        "--custom-dataset-type",
-        "mooncake_trace",
-        "--dataset-sampling-strategy",
-        "sequential",
-        "--request-count",
-        str(request_count),
-        "--request-timeout-seconds",
-        f"{max_duration_s:g}",
-        "--benchmark-duration",
-        f"{max_duration_s:g}",
-        "--benchmark-grace-period",
-        "10",
-        "--random-seed",
-        str(seed),
-        "--artifact-dir",
-        str(artifacts),
-        "--ui-type",
-        "none",
+    """One level's ``aiperf profile``: the trace replayed in order, streamed, one worker."""
+    options = {
+        "--model": endpoint.model,
+        "--url": endpoint.url,
+        "--endpoint-type": endpoint.endpoint_type,
+        "--tokenizer": str(tokenizer),
+        "--input-file": str(trace),
+        "--custom-dataset-type": "mooncake_trace",
+        "--dataset-sampling-strategy": "sequential",
+        "--request-count": str(request_count),
+        "--request-timeout-seconds": f"{max_duration_s:g}",
+        "--benchmark-duration": f"{max_duration_s:g}",
+        "--benchmark-grace-period": "10",
+        "--random-seed": str(seed),
+        "--artifact-dir": str(artifacts),
+        "--ui-type": "none",
         # Two cores: one load worker keeps the client's own CPU use small and steady.
-        "--workers-max",
-        "1",
-        "--record-processors",
-        "1",
-    ]
-    if mode == "concurrency":
-        cmd += ["--concurrency", str(int(level))]
-    else:
-        cmd += ["--request-rate", f"{level:g}", "--arrival-pattern", "poisson"]
-    if endpoint.path:
-        cmd += ["--endpoint", endpoint.path]
-    if endpoint.count_field:
-        cmd += ["--export-level", "raw"]
-    extras: dict[str, object] = dict(endpoint.extra_inputs)
-    if endpoint.payload_template is not None:
-        template = artifacts / "payload_template.json"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        template.write_text(endpoint.payload_template)
-        extras["payload_template"] = str(template)
-    if endpoint.response_field:
-        extras["response_field"] = endpoint.response_field
-    for key, value in extras.items():
-        rendered = json.dumps(value) if not isinstance(value, str) else value
-        cmd += ["--extra-inputs", f"{key}:{rendered}"]
-    return cmd
+        "--workers-max": "1",
+        "--record-processors": "1",
+    }
+    cmd = [str(tool_binary("aiperf")), "profile", "--streaming"]
+    for flag, value in options.items():
+        cmd += [flag, value]
+    return cmd + _load_flags(mode, level) + _endpoint_flags(endpoint, artifacts)
 
 
 def received_tokens(metrics: dict) -> int:

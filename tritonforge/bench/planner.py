@@ -182,6 +182,39 @@ class CapacityPlan(BaseModel):
     warnings: list[str]
 
 
+def draw_burst(contract: Contract, top: int, block: int) -> tuple[list[int], list[int], list[int]]:
+    """``top`` requests drawn from the mix: prompt and output lengths, and cached prompt
+    tokens (the shared prefix's whole blocks, a hit for every sharer after the first)."""
+    rng = random.Random(contract.seed)
+    classes = contract.traffic.classes
+    prefix = contract.traffic.shared_prefix
+    cached_prefix = (prefix.tokens // block) * block  # only whole blocks are cached
+    prompts, outputs, cached = [], [], []
+    prefix_warm = False
+    for _ in range(top):
+        cls = rng.choices(classes, [c.share for c in classes])[0]
+        prompts.append(draw_length(cls.input_tokens, rng))
+        outputs.append(draw_length(cls.output_tokens, rng))
+        shares = prefix.share > 0 and rng.random() < prefix.share
+        cached.append(cached_prefix if shares and prefix_warm else 0)
+        prefix_warm = prefix_warm or shares
+    return prompts, outputs, cached
+
+
+def capacity_warnings(top: int, fit_mean: int, max_seqs: int) -> list[str]:
+    """What the burst at the top concurrency will run into."""
+    warnings = []
+    if top > fit_mean:
+        warnings.append(
+            f"top concurrency {top} > {fit_mean} mean-length sequences that fit: expect preemption"
+        )
+    if top > max_seqs:
+        warnings.append(
+            f"top concurrency {top} > max_num_seqs {max_seqs}: requests queue in the engine"
+        )
+    return warnings
+
+
 def plan_contract(
     contract: Contract,
     model_config: dict[str, Any],
@@ -204,31 +237,11 @@ def plan_contract(
     top = int(max(contract.load.levels)) if contract.load.mode == "concurrency" else max_seqs
     blocks = cache_blocks(kv_cache_bytes, geometry, block)
 
-    # The burst: `top` requests drawn from the mix; prefix hits after the first sharer.
-    rng = random.Random(contract.seed)
-    prefix = contract.traffic.shared_prefix
-    cached_prefix = (prefix.tokens // block) * block  # only whole blocks are cached
-    prompts, outputs, cached = [], [], []
-    prefix_warm = False
-    for _ in range(top):
-        cls = rng.choices(classes, [c.share for c in classes])[0]
-        prompts.append(draw_length(cls.input_tokens, rng))
-        outputs.append(draw_length(cls.output_tokens, rng))
-        shares = prefix.share > 0 and rng.random() < prefix.share
-        cached.append(cached_prefix if shares and prefix_warm else 0)
-        prefix_warm = prefix_warm or shares
-    plans = simulate_burst(prompts, outputs, cached, budget, threshold, max_seqs, iterations)
-
-    warnings = []
+    plans = simulate_burst(
+        *draw_burst(contract, top, block), budget, threshold, max_seqs, iterations
+    )
     fit_mean = blocks // max(blocks_for(math.ceil(mean_seq), block), 1)
-    if top > fit_mean:
-        warnings.append(
-            f"top concurrency {top} > {fit_mean} mean-length sequences that fit: expect preemption"
-        )
-    if top > max_seqs:
-        warnings.append(
-            f"top concurrency {top} > max_num_seqs {max_seqs}: requests queue in the engine"
-        )
+    warnings = capacity_warnings(top, fit_mean, max_seqs)
     return CapacityPlan(
         model=str(model_config.get("_name_or_path") or contract.model),
         kv_bytes_per_token=geometry.bytes_per_token,

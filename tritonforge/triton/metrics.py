@@ -29,66 +29,65 @@ class TritonMetrics:
     """The metric families of one model instance; methods run on the response thread."""
 
     def __init__(self, pb_utils: Any, prefix: str, labels: dict[str, str]) -> None:
-        family = pb_utils.MetricFamily
-        self._counter_kind = family.COUNTER
+        self._family = pb_utils.MetricFamily
+        self._prefix = prefix
         # Triton invalidates a Metric whose MetricFamily is garbage-collected: keep them.
         self._families: dict[str, Any] = {}
-
         self._labels = labels
         self._per_adapter: dict[str, dict[str, Any]] = {}
-
-        def metric(name: str, kind: Any, description: str, **kwargs: Any) -> Any:
-            full = f"{prefix}:{name}"
-            if full not in self._families:
-                self._families[full] = family(name=full, description=description, kind=kind)
-            kwargs.setdefault("labels", labels)
-            return self._families[full].Metric(**kwargs)
-
-        self.prompt_tokens = metric(
-            "prompt_tokens_total", family.COUNTER, "Prompt tokens processed"
+        counter, gauge = self._family.COUNTER, self._family.GAUGE
+        self.prompt_tokens = self._metric("prompt_tokens_total", counter, "Prompt tokens processed")
+        self.generation_tokens = self._metric(
+            "generation_tokens_total", counter, "Generation tokens produced"
         )
-        self.generation_tokens = metric(
-            "generation_tokens_total", family.COUNTER, "Generation tokens produced"
+        self.requests = self._outcome_counters(
+            "request_outcome_total", "Finished requests by outcome", labels
         )
-        self._metric = metric
-        self.requests = {
-            outcome: metric(
-                "request_outcome_total",
-                family.COUNTER,
-                "Finished requests by outcome",
-                labels={**labels, "outcome": outcome},
+        self._latency_histograms()
+        self.running = self._metric("num_requests_running", gauge, "Requests the engine is running")
+        self.waiting = self._metric("num_requests_waiting", gauge, "Requests waiting in the engine")
+        self.kv_usage = self._metric("kv_cache_usage_perc", gauge, "KV-cache usage (1 = full)")
+        self.engine_restarts = self._metric(
+            "engine_restarts_total",
+            counter,
+            "Times the engine died and the model restarted it (this server's life)",
+        )
+
+    def _metric(self, name: str, kind: Any, description: str, **kwargs: Any) -> Any:
+        """A Metric of the family ``<prefix>:<name>`` (made once), with the model's labels."""
+        full = f"{self._prefix}:{name}"
+        if full not in self._families:
+            self._families[full] = self._family(name=full, description=description, kind=kind)
+        kwargs.setdefault("labels", self._labels)
+        return self._families[full].Metric(**kwargs)
+
+    def _outcome_counters(
+        self, name: str, description: str, labels: dict[str, str]
+    ) -> dict[str, Any]:
+        """One counter per way a request ends, labelled ``outcome``."""
+        return {
+            outcome: self._metric(
+                name, self._family.COUNTER, description, labels={**labels, "outcome": outcome}
             )
             for outcome in ("finished", "cancelled", "failed")
         }
-        self.ttft = metric(
-            "time_to_first_token_seconds",
-            family.HISTOGRAM,
-            "Time to first token",
-            buckets=TTFT_BUCKETS,
+
+    def _latency_histograms(self) -> None:
+        histogram = self._family.HISTOGRAM
+        self.ttft = self._metric(
+            "time_to_first_token_seconds", histogram, "Time to first token", buckets=TTFT_BUCKETS
         )
-        self.tpot = metric(
+        self.tpot = self._metric(
             "time_per_output_token_seconds",
-            family.HISTOGRAM,
+            histogram,
             "Mean time per output token after the first, per request",
             buckets=TPOT_BUCKETS,
         )
-        self.e2e = metric(
+        self.e2e = self._metric(
             "e2e_request_latency_seconds",
-            family.HISTOGRAM,
+            histogram,
             "End-to-end request latency",
             buckets=E2E_BUCKETS,
-        )
-        self.running = metric(
-            "num_requests_running", family.GAUGE, "Requests the engine is running"
-        )
-        self.waiting = metric(
-            "num_requests_waiting", family.GAUGE, "Requests waiting in the engine"
-        )
-        self.kv_usage = metric("kv_cache_usage_perc", family.GAUGE, "KV-cache usage (1 = full)")
-        self.engine_restarts = metric(
-            "engine_restarts_total",
-            family.COUNTER,
-            "Times the engine died and the model restarted it (this server's life)",
         )
 
     def count_restarts(self, count: int) -> None:
@@ -117,16 +116,13 @@ class TritonMetrics:
         """
         if lora not in self._per_adapter:
             labels = {**self._labels, "lora": lora}
-            counter = self._counter_kind
-            series = {
-                f"outcome:{outcome}": self._metric(
-                    "lora_request_outcome_total",
-                    counter,
-                    "Finished requests by LoRA adapter and outcome",
-                    labels={**labels, "outcome": outcome},
-                )
-                for outcome in ("finished", "cancelled", "failed")
-            }
+            counter = self._family.COUNTER
+            by_outcome = self._outcome_counters(
+                "lora_request_outcome_total",
+                "Finished requests by LoRA adapter and outcome",
+                labels,
+            )
+            series = {f"outcome:{outcome}": metric for outcome, metric in by_outcome.items()}
             series["prompt"] = self._metric(
                 "lora_prompt_tokens_total", counter, "Prompt tokens by LoRA adapter", labels=labels
             )
