@@ -18,15 +18,10 @@ an OpenAI stream in flight:
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -34,7 +29,8 @@ import pytest
 import requests
 
 from tests.e2e.client import control_model, llm_inputs, metric, model_state, stream, wait_for
-from tritonforge.launch.launcher import free_ports, session_processes
+from tritonforge.bench.reliability.crash_recovery import Launcher
+from tritonforge.launch.launcher import session_processes
 from tritonforge.launch.supervisor import shm_regions
 
 MODEL = "llamacpp_model"
@@ -42,75 +38,16 @@ RUNTIME_MODEL = "preprocessing"  # C++ tokenizer model: loads in well under a se
 pytestmark = pytest.mark.server
 
 
-@dataclass
-class Launched:
-    process: subprocess.Popen
-    http: str
-    grpc: str
-    openai: str
-    launcher_metrics: str
-    log: Path
-
-    def triton(self) -> psutil.Process:
-        [server] = [
-            p
-            for p in psutil.Process(self.process.pid).children()
-            if p.name() == "tritonserver" and p.status() != psutil.STATUS_ZOMBIE
-        ]
-        return server
-
-    def frontend(self) -> psutil.Process:
-        [frontend] = [
-            p
-            for p in psutil.Process(self.process.pid).children()
-            if "tritonforge.openai" in " ".join(p.cmdline())
-        ]
-        return frontend
-
-
-def _ready_line(process: subprocess.Popen, timeout_s: float) -> str:
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
-    return lines.get(timeout=timeout_s)
-
-
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
-    http, grpc, metrics, openai, launcher_metrics = free_ports(5)
-    env = {
-        **os.environ,
-        "TRITON_HTTP_PORT": str(http),
-        "TRITON_GRPC_PORT": str(grpc),
-        "TRITON_METRICS_PORT": str(metrics),
-        "TRITONFORGE_OPENAI_PORT": str(openai),
-        "TRITONFORGE_LAUNCHER_METRICS_PORT": str(launcher_metrics),
-    }
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     log = tmp_path_factory.mktemp("crash") / "launcher.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tritonforge.launch.launcher", "--models", MODEL],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log.open("wb"),
-        text=True,
-    )
+    launcher = Launcher([MODEL], log)
+    launcher.start()
     try:
-        line = _ready_line(process, timeout_s=300)
-        assert "tritonforge ready" in line, log.read_text(errors="replace")[-3000:]
-        yield Launched(
-            process,
-            f"127.0.0.1:{http}",
-            f"127.0.0.1:{grpc}",
-            f"http://127.0.0.1:{openai}/v1",
-            f"http://127.0.0.1:{launcher_metrics}/metrics",
-            log,
-        )
+        launcher.wait_ready(timeout_s=300)
+        yield launcher
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        launcher.stop()
 
 
 def _chat(base: str, stream_it: bool, max_tokens: int, timeout_s: float = 60) -> requests.Response:
@@ -132,21 +69,21 @@ def _openai_stream(base: str, started: threading.Event, events: list[str]) -> No
                 started.set()
 
 
-def _in_flight(launched: Launched) -> tuple[list[threading.Thread], dict, list[str]]:
+def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[str]]:
     """An OpenAI stream generating, and a gRPC stream queued behind it (llama.cpp's
     model decodes one sequence at a time here): both in flight at the kill."""
     grpc_out: dict = {}
     openai_events: list[str] = []
     openai_started = threading.Event()
     openai = threading.Thread(
-        target=_openai_stream, args=(launched.openai, openai_started, openai_events)
+        target=_openai_stream, args=(launched.openai_url, openai_started, openai_events)
     )
     openai.start()
     assert openai_started.wait(60), "the OpenAI stream never started"
     inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
     grpc = threading.Thread(
         target=lambda: grpc_out.setdefault(
-            "result", stream(launched.grpc, MODEL, inputs, timeout_s=120)
+            "result", stream(launched.grpc_url, MODEL, inputs, timeout_s=120)
         )
     )
     grpc.start()
@@ -155,7 +92,7 @@ def _in_flight(launched: Launched) -> tuple[list[threading.Thread], dict, list[s
 
 
 def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(launched) -> None:
-    control_model(launched.grpc, "load", RUNTIME_MODEL)
+    control_model(launched.grpc_url, "load", RUNTIME_MODEL)
     frontend = launched.frontend()
     dead = launched.triton()
     time.sleep(2.5)  # one poll of the launcher's (every 2 s) sees the runtime model
@@ -164,8 +101,8 @@ def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(lau
     threads, grpc_out, openai_events = _in_flight(launched)
 
     dead.kill()
-    down = _chat(launched.openai, False, 4, timeout_s=10)
     killed = time.monotonic()
+    down = _chat(launched.openai_url, False, 4, timeout_s=10)
     for thread in threads:
         thread.join(30)
     assert not any(t.is_alive() for t in threads), "a stream in flight hung after the crash"
@@ -180,10 +117,10 @@ def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(lau
     recovery_s = time.monotonic() - killed
     assert launched.frontend().pid == frontend.pid  # the frontend never restarted
     assert launched.triton().pid != dead.pid
-    assert model_state(launched.http, MODEL) == "READY"
-    assert model_state(launched.http, RUNTIME_MODEL) == "READY"  # loaded at run time
+    assert model_state(launched.http_url, MODEL) == "READY"
+    assert model_state(launched.http_url, RUNTIME_MODEL) == "READY"  # loaded at run time
     restarts = metric(
-        launched.launcher_metrics, "tritonforge_tritonserver_restarts_total", cause="SIGKILL"
+        launched.launcher_metrics_url, "tritonforge_tritonserver_restarts_total", cause="SIGKILL"
     )
     assert restarts == 1
     log = launched.log.read_text(errors="replace")
@@ -193,8 +130,8 @@ def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(lau
     print(f"serving again {recovery_s:.1f} s after the kill")
 
 
-def _serves(launched: Launched) -> bool:
-    reply = _chat(launched.openai, False, 4)
+def _serves(launched: Launcher) -> bool:
+    reply = _chat(launched.openai_url, False, 4)
     return reply.status_code == 200 and len(reply.json()["choices"]) == 1
 
 
