@@ -25,21 +25,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
 from tritonforge.serving.schema import GenerateRequest
 from tritonforge.triton.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
+
+#: Response threads per model instance. A send waits for Triton to take the response
+#: (one stub↔server round trip); with several threads those round trips overlap, the
+#: way Triton's own decoupled examples send from a thread per request.
+RESPONSE_THREADS = 8
+
+
+#: Rounds one send job of a request runs before it yields to other requests' jobs.
+SENDS_PER_JOB = 8
 
 
 class Channel(Protocol):
@@ -137,7 +148,9 @@ class Deadline:
 
 @dataclass
 class _Inflight:
+    request_id: str
     channel: Channel
+    outbox: Outbox
     deadline: Deadline | None = None
     cancelled: bool = False
     task: asyncio.Task | None = None
@@ -147,6 +160,8 @@ class _Inflight:
     closed: bool = False
     #: Its metrics so far; recorded with the FINAL response (see ``Runtime._send``).
     timing: _Timing | None = None
+    #: An engine output → its response tensors (the outputs the request asked for).
+    build: Callable[[EngineOutput], dict[str, np.ndarray]] | None = None
 
 
 class Runtime:
@@ -163,6 +178,8 @@ class Runtime:
         on_engine_failure: Callable[[str], None] | None = None,
         shutdown_watch: ShutdownWatch | None = None,
         shutdown_poll_s: float = 1.0,
+        stream_policy: StreamPolicy | None = None,
+        response_threads: int = RESPONSE_THREADS,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -173,6 +190,7 @@ class Runtime:
         self.on_engine_failure = on_engine_failure
         self.shutdown_watch = shutdown_watch
         self.shutdown_poll_s = shutdown_poll_s
+        self.stream_policy = stream_policy or StreamPolicy()
         self._server_stopping_at: float | None = None  # monotonic time it was noticed
         self._failure: str | None = None  # set once, when the engine is found dead
         self._inflight: dict[str, _Inflight] = {}
@@ -183,16 +201,19 @@ class Runtime:
             target=self._loop.run_forever, name="tritonforge-engine-loop", daemon=True
         )
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._response_thread = threading.Thread(
-            target=self._run_jobs, name="tritonforge-responses", daemon=True
-        )
+        self._response_threads = [
+            threading.Thread(target=self._run_jobs, name=f"tritonforge-responses-{i}", daemon=True)
+            for i in range(response_threads)
+        ]
+        self._metrics_lock = threading.Lock()  # the metrics sink is not thread-safe
 
     # --- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
         """Start the loop and the engine; raises the engine's start-up error."""
         self._loop_thread.start()
-        self._response_thread.start()
+        for thread in self._response_threads:
+            thread.start()
         try:
             asyncio.run_coroutine_threadsafe(self.engine.start(), self._loop).result()
         except BaseException:
@@ -218,8 +239,10 @@ class Runtime:
     def _stop_threads(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=30)
-        self._jobs.put(None)
-        self._response_thread.join(timeout=30)
+        for _ in self._response_threads:
+            self._jobs.put(None)
+        for thread in self._response_threads:
+            thread.join(timeout=30)
 
     async def _shutdown(self) -> None:
         self._watcher.cancel()
@@ -256,7 +279,7 @@ class Runtime:
                 )
             request_id = uuid.uuid4().hex
             deadline = Deadline.tightest(request.sampling.timeout_s, triton_timeout_s)
-            entry = _Inflight(channel, deadline)
+            entry = _Inflight(request_id, channel, Outbox(self.stream_policy), deadline)
             self._inflight[request_id] = entry
         self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
@@ -268,8 +291,14 @@ class Runtime:
     def _post(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
 
-    def _send(self, entry: _Inflight, tensors: Any, error: Exception | None, final: bool) -> None:
-        """Queue one response for the response thread (only ever called on the loop).
+    def _send(
+        self,
+        entry: _Inflight,
+        output: EngineOutput | None,
+        error: BaseException | None,
+        final: bool,
+    ) -> None:
+        """Hand one output (or the request's end) to its outbox (only ever called on the loop).
 
         The FINAL response carries the request's metrics record in the same job, counted
         just before the response leaves: a client holding its answer (a test, a canary
@@ -277,32 +306,77 @@ class Runtime:
         """
         if entry.closed:
             return
-        entry.closed = final
+        if not final:
+            assert output is not None
+            if entry.outbox.put(output):
+                self._post(functools.partial(self._flush, entry))
+            return
+        entry.closed = True
         record = None
-        if final and entry.timing is not None:
+        if entry.timing is not None:
             outcome = "finished" if error is None else "cancelled" if entry.cancelled else "failed"
             record = entry.timing.record(outcome)
+        if entry.outbox.finish(Final(output, error, record)):
+            self._post(functools.partial(self._flush, entry))
 
-        def job() -> None:
-            try:
-                if record is not None:
-                    self.metrics.record(record)
-            finally:  # a metrics failure is logged by the job loop; the response still goes
-                entry.channel.send(tensors, error, final)
+    def _flush(self, entry: _Inflight) -> None:
+        """One send job of one request (a response thread): poll, send, end, in order.
 
-        self._post(job)
+        Only one job per request exists at a time (its outbox says when to post the
+        next), so a request's responses never overtake each other on the threads. A job
+        sends what keeps arriving for a few rounds before it queues behind the others:
+        handing a request to another thread costs a wake-up per response.
+        """
+        outbox = entry.outbox
+        more = True
+        try:
+            for _ in range(SENDS_PER_JOB):
+                batch = outbox.take()
+                if batch.poll:
+                    self._check_cancelled(entry)
+                if batch.output is not None:
+                    entry.channel.send(self._tensors(entry, batch.output), None, False)
+                if batch.final is not None:
+                    self._end(entry, batch.final)
+                if not (more := outbox.release()):
+                    return
+        finally:
+            if more and outbox.release():
+                self._post(functools.partial(self._flush, entry))
+
+    def _end(self, entry: _Inflight, final: Final) -> None:
+        """Count the request, then send its FINAL response (even if counting fails)."""
+        try:
+            if isinstance(final.record, RequestRecord):
+                with self._metrics_lock:
+                    self.metrics.record(final.record)
+        finally:  # a metrics failure is logged by the job loop; the response still goes
+            tensors = None if final.output is None else self._tensors(entry, final.output)
+            entry.channel.send(tensors, final.error, True)
+
+    @staticmethod
+    def _tensors(entry: _Inflight, output: EngineOutput) -> dict[str, np.ndarray]:
+        assert entry.build is not None, "an output before the request was served"
+        return entry.build(output)
 
     async def _serve(
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
         """One request from first delta to its single FINAL response and metrics record."""
         timing = entry.timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
+        prefix = prepared.text if request.prepend_input and prepared.text else ""
+        entry.build = functools.partial(
+            build_outputs,
+            returns=request.returns,
+            num_input_tokens=timing.prompt_tokens,
+            prefix="" if request.stream else prefix,
+        )
         try:
             deltas = self._deltas(request_id, request, prepared, entry, timing)
             if request.stream:
-                await self._stream(deltas, request, entry, timing.prompt_tokens)
+                await self._stream(deltas, entry)
             else:
-                await self._aggregate(deltas, request, prepared, entry, timing.prompt_tokens)
+                await self._aggregate(deltas, entry)
             if entry.cancelled:
                 self._send(entry, None, asyncio.CancelledError("request cancelled"), True)
         except (RequestError, EngineUnavailable) as exc:
@@ -346,14 +420,8 @@ class Runtime:
             timing.saw(delta)
             yield delta
 
-    async def _stream(
-        self,
-        deltas: AsyncIterator[EngineOutput],
-        request: GenerateRequest,
-        entry: _Inflight,
-        prompt_tokens: int,
-    ) -> None:
-        """One response per delta that completes text; the last carries FINAL."""
+    async def _stream(self, deltas: AsyncIterator[EngineOutput], entry: _Inflight) -> None:
+        """One response per delta that completes text (fewer when coalesced); FINAL last."""
         held: EngineOutput | None = None
         finished = False
         async for delta in deltas:
@@ -365,34 +433,23 @@ class Runtime:
             # keeping per-request state.
             held = merge_outputs(held, delta)
             if held.text or finished:
-                self._send(
-                    entry, build_outputs(held, request.returns, prompt_tokens), None, finished
-                )
+                self._send(entry, held, None, finished)
                 held = None
         if entry.cancelled:
             return
         if held is not None:  # the engine stopped mid-character: flush, close
-            self._send(entry, build_outputs(held, request.returns, prompt_tokens), None, True)
+            self._send(entry, held, None, True)
         elif not finished:  # the engine stopped without a final delta: close
             self._send(entry, None, None, True)
 
-    async def _aggregate(
-        self,
-        deltas: AsyncIterator[EngineOutput],
-        request: GenerateRequest,
-        prepared: PreparedPrompt,
-        entry: _Inflight,
-        prompt_tokens: int,
-    ) -> None:
+    async def _aggregate(self, deltas: AsyncIterator[EngineOutput], entry: _Inflight) -> None:
         """One response with the whole generation (the prompt first, when echoed)."""
         generation = Generation()
         async for delta in deltas:
             generation.add(delta)
         if entry.cancelled:
             return
-        prefix = prepared.text if request.prepend_input and prepared.text else ""
-        outputs = build_outputs(generation.as_output(), request.returns, prompt_tokens, prefix)
-        self._send(entry, outputs, None, True)
+        self._send(entry, generation.as_output(), None, True)
 
     async def _abort_quietly(self, request_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -405,7 +462,7 @@ class Runtime:
         next_server_poll = 0.0
         while True:
             await asyncio.sleep(self.cancellation_poll_s)
-            self._post(self._poll_cancellations)
+            self._request_polls()
             if self._failure is None and (cause := self.engine.failure()) is not None:
                 self._engine_failed(cause)
             if self.shutdown_watch is not None and time.monotonic() >= next_server_poll:
@@ -416,7 +473,7 @@ class Runtime:
                 # The engine cannot be busy with requests we no longer have; its last
                 # stats snapshot may predate the step that finished them.
                 stats = EngineStats(0, 0, stats.kv_cache_usage)
-            self._post(lambda s=stats: self.metrics.set_stats(s))
+            self._post(functools.partial(self._set_stats, stats))
 
     async def _watch_server(self, watch: ShutdownWatch) -> None:
         """Server shutting down: give requests in flight their grace, then end them."""
@@ -476,17 +533,31 @@ class Runtime:
         """Why the engine stopped serving, once the watchdog found it dead."""
         return self._failure
 
-    def _poll_cancellations(self) -> None:
-        """Runs on the response thread: is_cancelled() is an IPC round trip."""
-        for request_id, entry in list(self._inflight.items()):
-            if entry.cancelled:
-                continue
-            try:
-                cancelled = entry.channel.is_cancelled()
-            except Exception:
-                cancelled = True
-            if cancelled:
-                self._loop.call_soon_threadsafe(self._cancel, request_id, entry)
+    def _request_polls(self) -> None:
+        """On the loop: every request in flight checks for its cancellation once.
+
+        The check rides with the request's next send job (one is posted if none is
+        queued), so it never races that request's FINAL and costs no job of its own
+        while the request is streaming.
+        """
+        with self._lock:
+            inflight = list(self._inflight.values())
+        for entry in inflight:
+            if not entry.cancelled and entry.outbox.poll():
+                self._post(functools.partial(self._flush, entry))
+
+    def _check_cancelled(self, entry: _Inflight) -> None:
+        """On a response thread: is_cancelled() is an IPC round trip."""
+        try:
+            cancelled = entry.channel.is_cancelled()
+        except Exception:
+            cancelled = True
+        if cancelled:
+            self._loop.call_soon_threadsafe(self._cancel, entry.request_id, entry)
+
+    def _set_stats(self, stats: EngineStats) -> None:
+        with self._metrics_lock:
+            self.metrics.set_stats(stats)
 
     def _cancel(self, request_id: str, entry: _Inflight) -> None:
         entry.cancelled = True

@@ -25,6 +25,7 @@ from tritonforge.engines.config import load_engine_config
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.dialects import COMMON, Dialect
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import parse_request
@@ -186,6 +187,7 @@ class LLMModel:
             cancellation_poll_s=engine.cancellation_poll_s,
             on_engine_failure=self._engine_failed,
             shutdown_watch=watch_server(),
+            stream_policy=StreamPolicy.from_parameters(parameters),
         )
         self.runtime.start()
 

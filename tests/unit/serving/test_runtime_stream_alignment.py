@@ -11,6 +11,7 @@ import numpy as np
 
 from tests.fakes import RecordingChannel, RecordingLogger, ScriptedEngine, serve_once
 from tritonforge.engines.base import EngineOutput
+from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.schema import parse_request
 
 # "é" split over two tokens: the first adds no text, the second completes it.
@@ -24,8 +25,15 @@ SCRIPT = [
 
 def _run(inputs: dict[str, np.ndarray]) -> list[dict]:
     logger = RecordingLogger()
+    # Coalescing off: each delta that completes text is one response, whatever the
+    # threads' timing (coalesced responses stay aligned too: tests/unit/serving/test_outbox.py).
     channel = serve_once(
-        ScriptedEngine(SCRIPT), parse_request(inputs), RecordingChannel(), None, logger
+        ScriptedEngine(SCRIPT),
+        parse_request(inputs),
+        RecordingChannel(),
+        None,
+        logger,
+        stream_policy=StreamPolicy(coalesce=False),
     )
     assert channel.errors() == [] and logger.errors == []
     return channel.responses()

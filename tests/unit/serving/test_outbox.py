@@ -1,0 +1,172 @@
+"""Streamed responses: coalesced while the sender is busy, one per token when it keeps up.
+
+Runs the real Runtime on scripted engines; the channel plays Triton's response sender,
+slow (its first send blocks until the engine is done) or fast (the engine waits for
+each response before its next token), so the outcome does not depend on thread timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from tests.fakes import RecordingChannel, ScriptedEngine, serve_once
+from tritonforge.engines.base import EngineOutput, PreparedPrompt
+from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
+from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.schema import parse_request
+
+# "é" and "🙂" arrive over several tokens; only the token completing a character has text.
+SCRIPT = [
+    EngineOutput(text="H", token_ids=[1]),
+    EngineOutput(text="", token_ids=[2]),
+    EngineOutput(text="é", token_ids=[3]),
+    EngineOutput(text="l", token_ids=[4]),
+    EngineOutput(text="", token_ids=[5]),
+    EngineOutput(text="", token_ids=[6]),
+    EngineOutput(text="", token_ids=[7]),
+    EngineOutput(text="🙂", token_ids=[8]),
+    EngineOutput(text="!", token_ids=[9], finished=True, finish_reason="stop"),
+]
+
+
+def _request():
+    return parse_request(
+        {
+            "input_ids": np.array([5], dtype=np.int32),
+            "stream": np.array([True]),
+            "return_num_output_tokens": np.array([True]),
+        }
+    )
+
+
+def _pieces(channel: RecordingChannel) -> list[tuple[str, list[int], int]]:
+    """(text, output ids, num_output_tokens) per response; exactly one FINAL, last."""
+    assert channel.errors() == []
+    assert [final for _, _, final in channel.sent].count(True) == 1 and channel.sent[-1][2]
+    return [
+        (
+            r["text_output"][0].decode("utf-8"),
+            r["output_ids"].tolist(),
+            int(r["num_output_tokens"][0]),
+        )
+        for r in channel.responses()
+    ]
+
+
+class SlowChannel(RecordingChannel):
+    """A sender whose first response takes until ``gate`` opens (a client reading slowly)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sending = threading.Event()
+        self.gate = threading.Event()
+
+    def send(self, tensors, error, final) -> None:
+        self.sending.set()
+        assert self.gate.wait(10)
+        super().send(tensors, error, final)
+
+
+class GatedEngine(ScriptedEngine):
+    """The first delta, then the rest once its response is on its way, then the gate opens."""
+
+    def __init__(self, script: list[EngineOutput], channel: SlowChannel) -> None:
+        super().__init__(script)
+        self.channel = channel
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        async for delta in super().generate(request_id, prompt, sampling):
+            yield delta
+            while not self.channel.sending.is_set():
+                await asyncio.sleep(0.001)
+        self.channel.gate.set()
+
+
+class LockstepEngine(ScriptedEngine):
+    """Yields a delta only after the previous one's response reached the channel."""
+
+    def __init__(self, script: list[EngineOutput], channel: RecordingChannel) -> None:
+        super().__init__(script)
+        self.channel = channel
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        sent = 0
+        for delta in self.script:
+            while len(self.channel.sent) < sent:
+                await asyncio.sleep(0.001)
+            yield delta
+            sent += bool(delta.text)
+
+
+def test_a_slow_consumer_gets_fewer_responses_with_every_token_in_order() -> None:
+    channel = SlowChannel()
+    serve_once(GatedEngine(SCRIPT, channel), _request(), channel)
+    pieces = _pieces(channel)
+    # The first token left at once; the rest waited behind it and left as one response.
+    assert pieces == [("H", [1], 1), ("él🙂!", [2, 3, 4, 5, 6, 7, 8, 9], 8)]
+
+
+def test_a_consumer_that_keeps_up_gets_one_token_per_response() -> None:
+    script = [EngineOutput(text=c, token_ids=[i]) for i, c in enumerate("añ🙂z")]
+    script[-1] = EngineOutput(text="z", token_ids=[3], finished=True, finish_reason="length")
+    channel = RecordingChannel()
+    serve_once(LockstepEngine(script, channel), _request(), channel)
+    assert _pieces(channel) == [("a", [0], 1), ("ñ", [1], 1), ("🙂", [2], 1), ("z", [3], 1)]
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_stream_interval_sends_every_n_tokens_and_the_rest_last(coalesce: bool) -> None:
+    script = [EngineOutput(text=str(i), token_ids=[i]) for i in range(10)]
+    script[-1] = EngineOutput(text="9", token_ids=[9], finished=True, finish_reason="length")
+    channel = RecordingChannel()
+    policy = StreamPolicy(interval=3, coalesce=coalesce)
+    serve_once(ScriptedEngine(script), _request(), channel, stream_policy=policy)
+    pieces = _pieces(channel)
+    assert "".join(text for text, _, _ in pieces) == "0123456789"
+    assert [ids for _, ids, _ in pieces for ids in ids] == list(range(10))
+    counts = [n for _, _, n in pieces]
+    if not coalesce:
+        assert counts == [3, 3, 3, 1]
+    else:  # a busy sender may join more: still at least 3 a response, the last the rest
+        assert all(n >= 3 for n in counts[:-1]) and sum(counts) == 10
+
+
+def test_a_request_ending_in_error_keeps_the_tokens_waiting_before_it() -> None:
+    outbox = Outbox(StreamPolicy())
+    assert outbox.put(EngineOutput(text="a", token_ids=[1]))  # idle: a job goes now
+    assert not outbox.put(EngineOutput(text="b", token_ids=[2]))  # busy: waits
+    error = TimeoutError("deadline")
+    assert not outbox.finish(Final(None, error, None))
+    batch = outbox.take()
+    assert (batch.output.text, batch.output.token_ids) == ("ab", [1, 2])
+    assert batch.final is not None and batch.final.error is error
+    assert not outbox.release() and not outbox.poll()  # closed: nothing more
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"stream_interval": "0"}, "parameter stream_interval: must be a whole number"),
+        ({"stream_interval": "1.5"}, "parameter stream_interval: must be a whole number"),
+        ({"stream_interval": "-2"}, "parameter stream_interval: must be a whole number"),
+        ({"stream_coalescing": "maybe"}, "parameter stream_coalescing: must be true or false"),
+    ],
+)
+def test_bad_stream_parameters_fail_naming_the_key(parameters, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        StreamPolicy.from_parameters(parameters)
+
+
+def test_stream_parameters_are_read() -> None:
+    assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True)
+    parameters = {"stream_interval": "4", "stream_coalescing": "False"}
+    assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False)
