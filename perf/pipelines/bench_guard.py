@@ -20,7 +20,8 @@ import tempfile
 import timeit
 from pathlib import Path
 
-from tritonforge.launch.launcher import REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import TritonServer
+from tritonforge.paths import REPO_ROOT
 from tritonforge.pipelines.guard import StreamGuard, redact
 
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"

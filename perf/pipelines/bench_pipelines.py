@@ -43,8 +43,9 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launch.launcher import REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import TritonServer
 from tritonforge.launch.model_store import ensure_default_model
+from tritonforge.paths import REPO_ROOT
 
 MODELS = ("vllm_model", "ensemble_vllm", "ensemble_vllm_py")
 SERVED = (*MODELS, "preprocessing", "preprocessing_py", "postprocessing")
@@ -274,7 +275,7 @@ def merge(rounds: list[list[Point]]) -> list[Point]:
     return merged
 
 
-def main() -> int:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (median)")
@@ -286,7 +287,29 @@ def main() -> int:
         help="default: 6 at concurrency 1, 3 at 8, 2 at 32",
     )
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run_rounds(server: TritonServer, args: argparse.Namespace) -> list[list[Point]]:
+    """A warm-up per model, then every concurrency of every model per round, the models'
+    order reversed every other round."""
+    for model in MODELS:  # warm-up: first requests pay one-time costs
+        measure(server.grpc_url, model, 2, 2, args.max_tokens)
+    rounds: list[list[Point]] = []
+    for r in range(args.rounds):
+        points = []
+        for concurrency in args.concurrency:
+            per = args.requests_per_worker or {1: 6, 8: 3}.get(concurrency, 2)
+            for model in MODELS if r % 2 == 0 else reversed(MODELS):
+                point = measure(server.grpc_url, model, concurrency, per, args.max_tokens)
+                print(json.dumps(asdict(point)), flush=True)
+                points.append(point)
+        rounds.append(points)
+    return rounds
+
+
+def main() -> int:
+    args = _arguments()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO_ROOT / "perf" / "results" / "pipelines" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -305,36 +328,21 @@ def main() -> int:
         log_path=Path(tempfile.gettempdir()) / f"tritonforge-bench-pipelines-{stamp}.log",
     )
     server.start()
-    rounds: list[list[Point]] = []
     try:
         server.wait_ready()
         env.tritonserver = tritonserver_version(server.http_url)
-        for model in MODELS:  # warm-up: first requests pay one-time costs
-            measure(server.grpc_url, model, 2, 2, args.max_tokens)
-        for r in range(args.rounds):
-            points = []
-            for concurrency in args.concurrency:
-                per = args.requests_per_worker or {1: 6, 8: 3}.get(concurrency, 2)
-                for model in MODELS if r % 2 == 0 else reversed(MODELS):
-                    point = measure(server.grpc_url, model, concurrency, per, args.max_tokens)
-                    print(json.dumps(asdict(point)), flush=True)
-                    points.append(point)
-            rounds.append(points)
+        rounds = run_rounds(server, args)
     finally:
         server.stop()
     merged = merge(rounds)
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "environment": env.model_dump(mode="json"),
-                "load_average_at_start": load_average,
-                "settings": settings,
-                "results": [asdict(p) for p in merged],
-                "rounds": [[asdict(p) for p in r] for r in rounds],
-            },
-            indent=2,
-        )
-    )
+    record = {
+        "environment": env.model_dump(mode="json"),
+        "load_average_at_start": load_average,
+        "settings": settings,
+        "results": [asdict(p) for p in merged],
+        "rounds": [[asdict(p) for p in r] for r in rounds],
+    }
+    (out / "results.json").write_text(json.dumps(record, indent=2))
     (out / "report.md").write_text(report(merged, env, settings))
     print(report(merged, env, settings))
     return 0

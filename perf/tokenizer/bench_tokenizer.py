@@ -34,7 +34,8 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
-from tritonforge.launch.launcher import CACHE_DIR, REPO_ROOT, TritonServer
+from tritonforge.launch.launcher import TritonServer
+from tritonforge.paths import CACHE_DIR, REPO_ROOT
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
