@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
+    _add_subcommand(commands)
+    _list_and_check_subcommands(commands)
+    return parser
+
+
+def _add_subcommand(commands: argparse._SubParsersAction) -> None:
+    """``add``: write one model (and, on request, its tokenizer ensemble) into a repository."""
     adding = commands.add_parser(
         "add",
         help="write a model (config.pbtxt + engine settings) into a repository",
@@ -90,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     adding.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     adding.add_argument("--force", action="store_true", help="replace models of the same name")
 
+
+def _list_and_check_subcommands(commands: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="models with engine, model, instances, checks")
     listing.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     listing.add_argument("--json", action="store_true", help="print JSON")
@@ -99,7 +108,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     checking.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     checking.add_argument("--json", action="store_true", help="print JSON")
-    return parser
 
 
 def _as_dict(report: ModelReport) -> dict:
