@@ -204,6 +204,24 @@ def test_probes_use_tritons_health_endpoints() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
 
+def test_a_crashed_or_hung_server_is_restarted_and_leaves_the_service_meanwhile() -> None:
+    """What make serve's launcher does on a machine (restart a crashed tritonserver, with
+    the same models), the kubelet does here: tritonserver is the container's own process
+    (no shell or supervisor in between), so its crash ends the container, which Always
+    restarts with the same --load-model args; the startup probe then covers the reload."""
+    pod = by_kind("Deployment")["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Always"
+    server = container()
+    assert server["command"] == ["tritonserver"]  # its exit is the container's exit
+    readiness, liveness = server["readinessProbe"], server["livenessProbe"]
+    # Out of the Service within 15 s of a server that stops answering.
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 15
+    assert readiness["timeoutSeconds"] < readiness["periodSeconds"]
+    # A hung server (alive, not answering) is restarted within a minute, not at once.
+    assert 20 <= liveness["periodSeconds"] * liveness["failureThreshold"] <= 60
+    assert liveness["timeoutSeconds"] < liveness["periodSeconds"]
+
+
 def test_one_gpu_per_replica() -> None:
     resources = container()["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 1
