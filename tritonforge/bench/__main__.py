@@ -1,6 +1,8 @@
 """Command line: ``python -m tritonforge.bench run --contract perf/contracts/smoke.yaml``.
 
-``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``).
+``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``);
+``python -m tritonforge.bench ceiling --contract perf/contracts/serving-ceiling.yaml`` the
+serving-ceiling contract (``tritonforge.bench.ceiling``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,25 @@ def _soak(args: argparse.Namespace) -> int:
     from tritonforge.bench import soak
 
     return soak.main(args)
+
+
+def _ceiling(args: argparse.Namespace) -> int:
+    from tritonforge.bench.ceiling import RESULTS_ROOT, run_ceiling
+
+    root = Path(args.results or RESULTS_ROOT)
+    print(run_ceiling(args.contract, args.set, root, args.allow_served_mismatch))
+    return 0
+
+
+def _add_ceiling(sub: argparse._SubParsersAction) -> None:
+    ceiling = sub.add_parser(
+        "ceiling",
+        help="serving-ceiling contract: the serving path's own cost per token, engine removed",
+    )
+    _contract_args(ceiling)
+    ceiling.add_argument("--results", help="results root (default perf/results)")
+    _served_mismatch_arg(ceiling)
+    ceiling.set_defaults(func=_ceiling)
 
 
 def _contract_args(p: argparse.ArgumentParser) -> None:
@@ -169,7 +190,7 @@ def _add_soak(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_validate, _add_plan, _add_report, _add_soak):
+    for add in (_add_run, _add_validate, _add_plan, _add_report, _add_soak, _add_ceiling):
         add(sub)
     return parser
 

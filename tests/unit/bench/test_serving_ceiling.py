@@ -1,0 +1,90 @@
+"""The serving-ceiling contract's pieces without a server: validation, counting, figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import service_pb2
+
+from tritonforge.bench.ceiling import (
+    assemble_repository,
+    load_ceiling_contract,
+    percentile,
+    rotated,
+    summarize,
+)
+from tritonforge.bench.contract import ContractError
+from tritonforge.bench.stream_clients import StreamRecord, grpc_request, response_tokens
+
+CONTRACT = Path(__file__).resolve().parents[3] / "perf" / "contracts" / "serving-ceiling.yaml"
+
+
+def test_the_shipped_contract_is_valid_and_overrides_apply() -> None:
+    contract = load_ceiling_contract(CONTRACT, ["load.rounds=1", "load.concurrency=[1, 4]"])
+    assert contract.load.rounds == 1 and contract.load.concurrency == [1, 4]
+    assert contract.baseline == "floor"
+    assert {t.protocol for t in contract.targets} == {
+        "grpc",
+        "http",
+        "openai_chat",
+        "openai_completions",
+    }
+
+
+def test_a_target_on_an_unserved_model_is_refused_naming_it() -> None:
+    with pytest.raises(ContractError, match="target floor: model 'nope' is not in models"):
+        load_ceiling_contract(CONTRACT, ["targets.0.model=nope"])
+    with pytest.raises(ContractError, match=r"load\.output_tokens"):
+        load_ceiling_contract(CONTRACT, ["load.output_tokens=0"])
+
+
+def test_the_run_repository_copies_and_repoints_models(tmp_path: Path) -> None:
+    contract = load_ceiling_contract(CONTRACT)
+    repository = assemble_repository(contract.models, tmp_path / "repo")
+    ensemble = (repository / "ensemble_synthetic" / "config.pbtxt").read_text()
+    assert 'model_name: "synthetic_unpaced"' in ensemble and "vllm_model" not in ensemble
+    settings = (repository / "synthetic_unpaced" / "1" / "model.json").read_text()
+    assert '"step_ms": 0' in settings and '"tokenizer"' in settings
+
+
+def test_num_output_tokens_is_read_from_raw_and_typed_contents() -> None:
+    raw = service_pb2.ModelInferResponse()
+    raw.outputs.add(name="text_output")
+    raw.outputs.add(name="num_output_tokens")
+    raw.raw_output_contents.extend([b"\x03\x00\x00\x00abc", (3).to_bytes(4, "little")])
+    assert response_tokens(raw) == 3
+    typed = service_pb2.ModelInferResponse()
+    typed.outputs.add(name="num_output_tokens").contents.uint_contents.extend([2])
+    assert response_tokens(typed) == 2
+    assert response_tokens(service_pb2.ModelInferResponse()) == 0
+
+
+def test_the_grpc_request_asks_for_counts_and_an_empty_final() -> None:
+    request = grpc_request("m", "hi", 7)
+    names = [i.name for i in request.inputs]
+    assert names == ["text_input", "sampling_parameters", "stream", "return_num_output_tokens"]
+    assert request.parameters["triton_enable_empty_final_response"].bool_param
+    assert request.inputs[1].contents.bytes_contents[0] == b'{"max_tokens": 7}'
+
+
+def test_a_levels_figures() -> None:
+    a = StreamRecord(start=0.0, end=1.0, arrivals=[0.1, 0.2, 0.4], tokens=4)
+    b = StreamRecord(start=0.5, end=2.0, arrivals=[0.7], tokens=1)
+    failed = StreamRecord(start=0.6, end=0.7, error="boom")
+    figures = summarize([a, b, failed], {"tritonserver": 0.5, "client": 0.25})
+    assert figures["tokens"] == 5 and figures["responses"] == 4 and figures["errors"] == 1
+    assert figures["tokens_per_s"] == pytest.approx(2.5)
+    assert figures["tokens_per_response"] == pytest.approx(1.25)
+    assert figures["server_cpu_us_per_token"] == pytest.approx(100_000)
+    assert figures["cpu_us_per_token"]["client"] == pytest.approx(50_000)
+    assert figures["ttft_ms"]["p50"] == pytest.approx(100, rel=1e-6)
+
+
+def test_rotation_and_percentiles() -> None:
+    contract = load_ceiling_contract(CONTRACT)
+    names = [t.name for t in rotated(contract.targets, 1)]
+    assert names[0] == contract.targets[1].name and names[-1] == contract.targets[0].name
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile(list(range(101)), 0.99) == 99
