@@ -36,8 +36,9 @@ else
   lock=requirements/serve.lock
   install=("$VENV/bin/pip" install --no-deps -r "$lock")
 fi
-# Beside the serving lock: the tokenizer's build tools and the benchmark runner's plotting.
-extras=(requirements/tokenizer.txt requirements/perf.txt)
+# Beside the serving lock: the tokenizer's build tools, the benchmark runner's plotting
+# and the type checker `make lint` runs.
+extras=(requirements/tokenizer.txt requirements/perf.txt requirements/dev.txt)
 install+=($(printf -- '-r %s ' "${extras[@]}"))
 # llama.cpp has no CPU wheel on PyPI: it compiles from source, only its text library
 # (LLAVA_BUILD=OFF leaves out the multimodal mtmd library llamacpp_model never loads).

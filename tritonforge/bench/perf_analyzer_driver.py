@@ -152,7 +152,7 @@ def _record(
     when no prompt matched. Only ``token_stamps`` (responses with tokens) time tokens."""
     known = request if isinstance(request, BenchRequest) else None
     return MeasuredRequest(
-        index=known.index if known is not None else int(request),
+        index=request.index if isinstance(request, BenchRequest) else request,
         start_ns=start,
         end_ns=stamps[-1] if stamps else start,
         ok=error is None,

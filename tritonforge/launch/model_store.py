@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import os
 import shutil
@@ -89,10 +90,11 @@ def convert(source: Path, target: Path) -> None:
         steps.set_postfix_str("bfloat16")
         # The GGUF loader tags the model as quantised; the tensors are already plain
         # floats, and vLLM must not look for a quantisation method.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module types attributes as Tensor | Module
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model = model.to(torch.bfloat16)
+        # transformers' decorator on to() hides its signature from mypy
+        model = model.to(torch.bfloat16)  # type: ignore[arg-type]
         steps.update()
         steps.set_postfix_str("saving")
         model.save_pretrained(staging)

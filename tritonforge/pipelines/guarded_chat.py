@@ -229,7 +229,8 @@ class GuardedChat:
             events = iter(inner(self.inputs.tensors, self.request_id))
             return self._relay(events, outbox)
         except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
-            outbox.close(None, InnerError(f"{self.inner_name}: {exc or type(exc).__name__}", None))
+            why = str(exc) or type(exc).__name__
+            outbox.close(None, InnerError(f"{self.inner_name}: {why}", None))
             return "failed"
         finally:
             # Triton 2.51 workaround W3, see docs/triton-2.51-workarounds.md

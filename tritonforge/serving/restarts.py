@@ -20,8 +20,28 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _non_negative(
+    parameters: dict[str, str], key: str, kind: Callable[[str], _Number]
+) -> _Number | None:
+    """Parameter ``key`` as a number >= 0, or None when it is not set."""
+    raw = parameters.get(key, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"parameter {key}: must be >= 0, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -36,26 +56,17 @@ class RestartPolicy:
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> RestartPolicy:
         """Read the config.pbtxt parameters; a bad value fails the load, naming the key."""
-        values = {}
-        for key, name, kind in (
-            ("engine_restart_max", "max_restarts", int),
-            ("engine_restart_backoff_s", "backoff_s", float),
-        ):
-            raw = parameters.get(key, "").strip()
-            if not raw:
-                continue
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
-            if value < 0:
-                raise ValueError(f"parameter {key}: must be >= 0, got {raw!r}")
-            values[name] = value
-        return cls(**values)
+        default = cls()
+        max_restarts = _non_negative(parameters, "engine_restart_max", int)
+        backoff_s = _non_negative(parameters, "engine_restart_backoff_s", float)
+        return cls(
+            max_restarts=default.max_restarts if max_restarts is None else max_restarts,
+            backoff_s=default.backoff_s if backoff_s is None else backoff_s,
+        )
 
     def delay_s(self, attempt: int) -> float:
         """Wait before restart number ``attempt`` (1-based) within the window."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** (attempt - 1))
 
 
 class RestartLedger:

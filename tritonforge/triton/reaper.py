@@ -99,7 +99,7 @@ def watch(stub: int, server: int, poll_s: float = POLL_S) -> int:
     return ended
 
 
-def start_reaper() -> subprocess.Popen | None:
+def start_reaper() -> subprocess.Popen[bytes] | None:
     """Start the reaper for this stub; it outlives the stub only to clean up after it."""
     try:
         return subprocess.Popen(

@@ -15,14 +15,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 
 #: Input tensors → (common-schema input tensors, typed sampling values read from
 #: dialect tensors). Runs on Triton's thread; errors are RequestErrors naming the tensor.
-Translate = Callable[[Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, Any]]]
+Translate = Callable[
+    [Mapping[str, npt.NDArray[Any]]], tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]
+]
 
 
-def _common_only(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _common_only(
+    inputs: Mapping[str, npt.NDArray[Any]],
+) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
     return dict(inputs), {}
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tritonforge.serving.dialects import Dialect
 from tritonforge.serving.errors import RequestError
@@ -72,14 +73,14 @@ INPUTS: tuple[dict[str, Any], ...] = (
 )
 
 
-def _scalar(name: str, array: np.ndarray) -> Any:
+def _scalar(name: str, array: npt.NDArray[Any]) -> Any:
     if array.size != 1:
         raise RequestError(name, f"expected exactly one element, got shape {tuple(array.shape)}")
     value = array.reshape(-1)[0]
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _strings(name: str, array: np.ndarray) -> list[str]:
+def _strings(name: str, array: npt.NDArray[Any]) -> list[str]:
     out = []
     for i, value in enumerate(array.reshape(-1)):
         if isinstance(value, bytes):
@@ -94,8 +95,8 @@ def _strings(name: str, array: np.ndarray) -> list[str]:
 
 
 def translate(
-    inputs: Mapping[str, np.ndarray],
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    inputs: Mapping[str, npt.NDArray[Any]],
+) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
     """Map upstream llmapi / genai-perf tensors onto the common schema (pure, unit-tested)."""
     common = dict(inputs)
     sampling: dict[str, Any] = {}
