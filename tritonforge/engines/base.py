@@ -258,9 +258,10 @@ class HFTokenizedEngine(Engine):
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
-        return self._tokenizer.apply_chat_template(
+        prompt: str = self._tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True
         )
+        return prompt
 
 
 async def stop_on_thread(handle: Handle | None, stop: Callable[[Handle], object]) -> None:

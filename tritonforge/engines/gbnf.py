@@ -39,7 +39,8 @@ def _regex_gbnf(pattern: str) -> str:
         pattern = pattern[:-1]
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=True)
     converter.visit({"type": "string", "pattern": f"^{pattern}$"}, "")
-    return converter.format_grammar()
+    grammar: str = converter.format_grammar()
+    return grammar
 
 
 def _compact(grammar: str, rule: str, spec: StructuredOutput) -> str:
@@ -67,7 +68,8 @@ def structured_gbnf(spec: StructuredOutput) -> str:
             )
             schema = converter.resolve_refs(spec.value, "request")
             converter.visit(schema, "")
-            return _compact(converter.format_grammar(), "space", spec)
+            grammar: str = converter.format_grammar()
+            return _compact(grammar, "space", spec)
         if spec.kind == "json_object":
             return _compact(JSON_GBNF, "ws", spec)
         if spec.kind == "regex":
@@ -75,7 +77,8 @@ def structured_gbnf(spec: StructuredOutput) -> str:
             return _regex_gbnf(spec.value)
         if spec.kind == "choice":
             return "root ::= " + " | ".join(_gbnf_literal(c) for c in spec.value)
-        return spec.value  # grammar: GBNF as given
+        given: str = spec.value  # grammar: GBNF as given (a string, checked by the schema)
+        return given
     except Exception as exc:  # the converters raise assorted errors on input they reject
         raise RequestError(where, f"llama.cpp cannot turn this into a grammar: {exc}") from None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import (
@@ -61,13 +62,13 @@ class GenerateRequest:
     returns: ReturnFlags = field(default_factory=ReturnFlags)
 
 
-def _single(name: str, array: np.ndarray) -> Any:
+def _single(name: str, array: npt.NDArray[Any]) -> Any:
     if array.size != 1:
         raise RequestError(name, f"expected exactly one element, got shape {tuple(array.shape)}")
     return array.reshape(-1)[0]
 
 
-def _text(name: str, array: np.ndarray) -> str:
+def _text(name: str, array: npt.NDArray[Any]) -> str:
     value = _single(name, array)
     if isinstance(value, bytes):
         try:
@@ -79,7 +80,7 @@ def _text(name: str, array: np.ndarray) -> str:
     raise RequestError(name, f"expected a string (BYTES), got {array.dtype}")
 
 
-def _flag(name: str, array: np.ndarray) -> bool:
+def _flag(name: str, array: npt.NDArray[Any]) -> bool:
     value = _single(name, array)
     if isinstance(value, bool | np.bool_):
         return bool(value)
@@ -112,7 +113,7 @@ def _messages(raw: str) -> tuple[dict[str, str], ...]:
     return tuple(result)
 
 
-def _token_ids(array: np.ndarray) -> tuple[int, ...]:
+def _token_ids(array: npt.NDArray[Any]) -> tuple[int, ...]:
     if array.dtype.kind not in "iu":
         raise RequestError("input_ids", f"expected INT32 or INT64 token ids, got {array.dtype}")
     ids = array.reshape(-1)
@@ -127,7 +128,7 @@ _Prompt = tuple[str | None, tuple[dict[str, str], ...] | None, tuple[int, ...] |
 
 
 def parse_request(
-    inputs: Mapping[str, np.ndarray],
+    inputs: Mapping[str, npt.NDArray[Any]],
     parameters: Mapping[str, Any] | None = None,
     dialect_sampling: Mapping[str, Any] | None = None,
 ) -> GenerateRequest:
@@ -157,7 +158,7 @@ def parse_request(
     )
 
 
-def _prompt(inputs: Mapping[str, np.ndarray]) -> _Prompt:
+def _prompt(inputs: Mapping[str, npt.NDArray[Any]]) -> _Prompt:
     """The one prompt form given: (text, chat messages, token ids), the others None."""
     given = [name for name in PROMPT_INPUTS if name in inputs]
     if len(given) != 1:
@@ -175,7 +176,7 @@ def _prompt(inputs: Mapping[str, np.ndarray]) -> _Prompt:
     return None, None, _token_ids(inputs["input_ids"])
 
 
-def _echo(inputs: Mapping[str, np.ndarray], text_prompt: bool) -> tuple[bool, bool]:
+def _echo(inputs: Mapping[str, npt.NDArray[Any]], text_prompt: bool) -> tuple[bool, bool]:
     """``(stream, prepend_input)``: whether to stream, and whether to echo the prompt.
 
     Upstream semantics: a non-streamed text prompt is echoed before the output unless
@@ -193,7 +194,7 @@ def _echo(inputs: Mapping[str, np.ndarray], text_prompt: bool) -> tuple[bool, bo
     return stream, text_prompt and not exclude
 
 
-def _returns(inputs: Mapping[str, np.ndarray], token_level: bool) -> ReturnFlags:
+def _returns(inputs: Mapping[str, npt.NDArray[Any]], token_level: bool) -> ReturnFlags:
     """The ``return_<name>`` flags a client set, with this project's one default.
 
     Token ids in, token ids out: a token-level caller (an ensemble's LLM step, whose
@@ -209,7 +210,7 @@ def _returns(inputs: Mapping[str, np.ndarray], token_level: bool) -> ReturnFlags
 
 
 def _sampling(
-    inputs: Mapping[str, np.ndarray],
+    inputs: Mapping[str, npt.NDArray[Any]],
     parameters: Mapping[str, Any] | None,
     dialect_sampling: Mapping[str, Any] | None,
     logprobs: bool,
@@ -240,7 +241,7 @@ def _sampling(
 
 
 def _lora_tensor(
-    inputs: Mapping[str, np.ndarray], from_tensor: Mapping[str, Any]
+    inputs: Mapping[str, npt.NDArray[Any]], from_tensor: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The adapter the ``lora_name`` input names (upstream vllm_backend's tensor), if sent.
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.engines.base import Engine
@@ -77,7 +77,7 @@ class TritonChannel:
         return self._closed
 
     def send(
-        self, tensors: dict[str, np.ndarray] | None, error: BaseException | None, final: bool
+        self, tensors: dict[str, npt.NDArray[Any]] | None, error: BaseException | None, final: bool
     ) -> None:
         if self._closed:
             return
