@@ -25,6 +25,7 @@ from tritonforge.engines.base import EngineOutput
 from tritonforge.engines.tensorrtllm import LlmApi, TensorRTLLMEngine, split_model_yaml
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.sampling import PRIORITY_LIMIT
 from tritonforge.serving.schema import parse_request
 
 pytestmark = pytest.mark.contract
@@ -363,3 +364,27 @@ def test_lora_dir_in_model_yaml_is_refused(tmp_path: Path) -> None:
     settings = {**MODEL_YAML, "model": "/models/llm", "lora_config": {"lora_dir": ["/x"]}}
     with pytest.raises(ValueError, match=r"lora_config\.lora_dir is set from multi_lora\.json"):
         StandInEngine.from_config(settings, tmp_path)
+
+
+# --- priority: the common scale (lower first) on TensorRT-LLM's (higher first, [0, 1]) ---
+
+
+@pytest.mark.parametrize(
+    ("priority", "expected"),
+    [(-PRIORITY_LIMIT, 1.0), (-50, 0.75), (50, 0.25), (PRIORITY_LIMIT, 0.0)],
+)
+def test_priority_is_reversed_and_scaled_onto_trtllms(engine, priority: int, expected) -> None:
+    run(engine, priority=priority, max_tokens=2)
+    assert engine._llm.priorities[-1] == pytest.approx(expected)
+
+
+def test_default_priority_leaves_the_llms_default(engine) -> None:
+    run(engine, max_tokens=2)
+    assert engine._llm.priorities[-1] == trt.DEFAULT_REQUEST_PRIORITY
+
+
+def test_more_urgent_in_the_common_scale_is_more_urgent_in_trtllms(engine) -> None:
+    run(engine, priority=-1, max_tokens=2)
+    run(engine, priority=1, max_tokens=2)
+    urgent, relaxed = engine._llm.priorities[-2:]
+    assert urgent > trt.DEFAULT_REQUEST_PRIORITY > relaxed

@@ -16,6 +16,8 @@ contract test can check the adapter's side of the contract on a machine without 
   last step; ``finish_reason`` in ``stop | length | timeout | cancelled``;
   ``stop_reason`` the stop string or token id; ``abort()`` ends the request, which
   then finishes with ``cancelled``.
+* ``generate_async(..., priority=p)``: the request's scheduling priority, a float in
+  [0, 1], higher first, default 0.5 (``DEFAULT_REQUEST_PRIORITY``).
 * LoRA (PyTorch backend): ``LLM(lora_config=LoraConfig(lora_dir=[…], max_lora_rank,
   max_loras, max_cpu_loras))`` and ``generate_async(..., lora_request=LoRARequest(name,
   int_id, path))``; a request whose adapter the LLM was not configured with fails.
@@ -38,6 +40,9 @@ from typing import Any
 
 SCRIPT = "Hello, wörld! Ünïcödé 🙂 ends here."
 END_ID = 0
+#: ``tensorrt_llm.executor.request.DEFAULT_REQUEST_PRIORITY``: a request's priority is a
+#: float in [0, 1], higher scheduled first (the executor ``Request``'s default).
+DEFAULT_REQUEST_PRIORITY = 0.5
 STEP_S = 0.002  # an engine step takes time, so a client can cancel mid-stream
 
 
@@ -301,6 +306,7 @@ class LLM:
         self.tokenizer = Tokenizer()
         self.requests: list[tuple[Any, SamplingParams, bool]] = []
         self.lora_requests: list[LoRARequest | None] = []  # per request, in order
+        self.priorities: list[float] = []  # per request, in order
         self.aborted: list[int] = []
         self.is_shut_down = False
         self._ids = iter(range(1, 1 << 30))
@@ -313,9 +319,13 @@ class LLM:
         lora_request: Any = None,
         prompt_adapter_request: Any = None,
         streaming: bool = False,
+        priority: float = DEFAULT_REQUEST_PRIORITY,
         **kwargs: Any,
     ) -> RequestOutput:
         asyncio.get_running_loop()  # results bind to the caller's event loop
+        if not 0.0 <= priority <= 1.0:
+            raise ValueError(f"priority must be in [0, 1], got {priority}")
+        self.priorities.append(priority)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, SamplingParams):

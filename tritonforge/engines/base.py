@@ -89,6 +89,10 @@ class Engine(abc.ABC):
     #: How often the runtime checks for cancelled clients (seconds).
     cancellation_poll_s: float = 0.1
 
+    #: Why this engine cannot order its queue by ``priority`` (None: it can). A request
+    #: asking for a priority the engine would silently ignore is refused with it.
+    priority_unsupported: str | None = "this engine serves requests first come, first served"
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Self:
         """Build (not start) the engine from its configuration file's contents.
@@ -192,6 +196,11 @@ class Engine(abc.ABC):
             prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=True)), text)
             field_name = "text_input"
         self._check_adapter(request.sampling.lora_name)
+        if request.sampling.priority != 0 and self.priority_unsupported is not None:
+            raise RequestError(
+                "sampling_parameters.priority",
+                f"{self.priority_unsupported}; omit priority or send 0",
+            )
         for i, token in enumerate(request.sampling.stop_token_ids):
             if token >= self.vocab_size:
                 raise RequestError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import inspect
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from tritonforge.engines.base import (
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.engines.text_stream import StopStringMatcher
 from tritonforge.serving.errors import RequestError
-from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.sampling import PRIORITY_LIMIT, SamplingParams
 
 # --- the LLM API, loaded at model load ---------------------------------------------
 
@@ -171,6 +172,25 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
     )
 
 
+#: TensorRT-LLM's request priority when none is asked for (executor ``Request``'s default).
+TRTLLM_DEFAULT_PRIORITY = 0.5
+
+
+def to_trtllm_priority(priority: int) -> float:
+    """The common ``priority`` (lower first, in [-PRIORITY_LIMIT, PRIORITY_LIMIT], 0 default)
+    on TensorRT-LLM's scale (higher first, in [0, 1], 0.5 default): reversed and scaled,
+    so -PRIORITY_LIMIT → 1.0 (first), 0 → 0.5, PRIORITY_LIMIT → 0.0 (last)."""
+    return TRTLLM_DEFAULT_PRIORITY - priority / (2 * PRIORITY_LIMIT)
+
+
+def _takes_priority(llm: Any) -> bool:
+    """Whether this TensorRT-LLM's ``generate_async`` accepts a request priority."""
+    try:
+        return "priority" in inspect.signature(llm.generate_async).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _abort_unfinished(result: Any) -> None:
     if not result.finished:
         result.abort()
@@ -243,6 +263,11 @@ class TensorRTLLMEngine(HFTokenizedEngine):
             raise RuntimeError("model.yaml: set max_seq_len (the context the engine serves)")
         self._max_context = max_seq_len
         self._vocab_size = len(getattr(self._tokenizer, "tokenizer", self._tokenizer))
+        self.priority_unsupported = (
+            None
+            if _takes_priority(self._llm)
+            else "this TensorRT-LLM's generate_async takes no request priority"
+        )
 
     async def shutdown(self) -> None:
         for result in self._requests.handles():
@@ -276,6 +301,8 @@ class TensorRTLLMEngine(HFTokenizedEngine):
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
         assert self._llm is not None, "engine not started"
+        # Only a non-default priority is passed: prepare() refused one this API cannot take.
+        extra = {"priority": to_trtllm_priority(sampling.priority)} if sampling.priority else {}
         result = self._llm.generate_async(
             {"prompt_token_ids": list(prompt.token_ids)},
             sampling_params=to_trtllm_sampling(self._api, sampling),
@@ -283,6 +310,7 @@ class TensorRTLLMEngine(HFTokenizedEngine):
             if sampling.lora_name is None
             else self._lora_requests[sampling.lora_name],
             streaming=True,
+            **extra,
         )
         # TensorRT-LLM streams text up to a stop string and trims it only at the end, so
         # a streamed answer could show text the final one lacks; and it matches stop

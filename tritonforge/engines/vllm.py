@@ -147,6 +147,13 @@ class VllmEngine(HFTokenizedEngine):
         #: What base-model requests run with while adapters are served (None: no adapter).
         self._base_lora: LoRARequest | None = None
         self._scratch: Path | None = None
+        if engine_args.scheduling_policy == "priority":
+            self.priority_unsupported = None
+        else:
+            self.priority_unsupported = (
+                f"vLLM schedules this model {engine_args.scheduling_policy!r}, not by priority "
+                '(set "scheduling_policy": "priority" in model.json)'
+            )
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
@@ -210,7 +217,11 @@ class VllmEngine(HFTokenizedEngine):
             else self._lora_requests[sampling.lora_name]
         )
         async for result in self._engine.generate(
-            engine_prompt, to_vllm_sampling(sampling), request_id, lora_request=lora
+            engine_prompt,
+            to_vllm_sampling(sampling),
+            request_id,
+            lora_request=lora,
+            priority=sampling.priority,
         ):
             completion = result.outputs[0]
             yield EngineOutput(

@@ -285,12 +285,16 @@ class OpenAIServer:
         self, http: Request, kind: str
     ) -> tuple[ChatCompletionRequest | CompletionRequest, TritonRequest]:
         """The body, parsed, and its request to the model it names."""
+        body: ChatCompletionRequest | CompletionRequest
         if kind == "chat":
-            chat = await _parse(http, ChatCompletionRequest)
-            spec = await self.gateway.spec(chat.model)
-            return chat, translate.chat_request(chat, spec, self.default_max_tokens)
-        body = await _parse(http, CompletionRequest)
-        return body, translate.completion_request(body, await self.gateway.spec(body.model))
+            body = await _parse(http, ChatCompletionRequest)
+            spec = await self.gateway.spec(body.model)
+            request = translate.chat_request(body, spec, self.default_max_tokens)
+        else:
+            body = await _parse(http, CompletionRequest)
+            request = translate.completion_request(body, await self.gateway.spec(body.model))
+        translate.apply_slo_headers(request, http.headers)
+        return body, request
 
     async def generate(self, http: Request, kind: str) -> Response:
         body, request = await self.parse(http, kind)

@@ -3,6 +3,8 @@
 Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with a status a
 client can act on: 400 for a request it must fix, 404 for a model that is not there
 (or not ready), 503 for "try again" (busy, deadline, unloading, Triton unreachable),
+429 with ``Retry-After`` when the model's SLO admission says the request's SLO cannot
+be met now (a load balancer can send it to another replica at once),
 500 only for what is nobody's fault but ours.
 
 A Triton gRPC *stream* carries an error as a message string without its status code,
@@ -72,7 +74,7 @@ class OpenAIError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
-    #: Seconds a client should wait before retrying, sent as ``Retry-After`` (503s).
+    #: Seconds a client should wait before retrying, sent as ``Retry-After`` (503s, 429s).
     retry_after_s: int | None = None
 
     def __post_init__(self) -> None:
@@ -124,10 +126,21 @@ def openai_param(field: str) -> str:
     return field.removeprefix("sampling_parameters.").removeprefix("parameters.")
 
 
+#: The model's SLO admission refused the request (serving/admission.py words it so).
+_SLO_REFUSED = re.compile(r"SLO admission refused the request: .*retry after (\d+) s")
+
+
+def slo_unattainable(message: str, retry_after_s: int) -> OpenAIError:
+    """429: this replica cannot meet the request's SLO now; retry later or elsewhere."""
+    return OpenAIError(429, message, "requests", None, "slo_unattainable", retry_after_s)
+
+
 def from_triton(message: str, model: str) -> OpenAIError:
     """Classify one Triton error message (a stream response or an RPC failure)."""
     if any(phrase in message for phrase in _NOT_FOUND):
         return model_not_found(model, f"is not available ({message})")
+    if (refused := _SLO_REFUSED.search(message)) is not None:
+        return slo_unattainable(message, int(refused.group(1)))
     lowered = message.lower()
     if any(phrase.lower() in lowered for phrase in _UNAVAILABLE):
         return unavailable(message)

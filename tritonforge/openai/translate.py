@@ -63,7 +63,13 @@ SAMPLING_KEYS = (
     "skip_special_tokens",
     "include_stop_str_in_output",
     "timeout_s",  # this project's: the request's deadline (README.md, "Deadlines")
+    "slo_ttft_ms",  # this project's: SLOs and priority (README.md, "SLOs and priorities")
+    "slo_tpot_ms",
+    "priority",
 )
+#: Request headers carrying SLOs (llm-d's names), so a gateway can set them per route;
+#: the body's key of the same name wins.
+SLO_HEADERS = {"x-slo-ttft-ms": "slo_ttft_ms", "x-slo-tpot-ms": "slo_tpot_ms"}
 #: vLLM's older structured-output extras → the schema's ``structured_outputs`` kinds.
 _GUIDED = {
     "guided_json": "json",
@@ -123,6 +129,15 @@ class TritonRequest:
 
 
 # --- request translation -------------------------------------------------------------
+
+
+def apply_slo_headers(request: TritonRequest, headers: Mapping[str, str]) -> None:
+    """SLOs sent as headers join the sampling keys the body did not set; the model
+    validates them (an error names ``slo_ttft_ms``) as it does the body's."""
+    for header, key in SLO_HEADERS.items():
+        value = headers.get(header)
+        if value is not None and key not in request.sampling:
+            request.sampling[key] = value.strip()
 
 
 def _common(

@@ -22,6 +22,9 @@ from tritonforge.serving.errors import RequestError
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+#: ``priority`` lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT]: bounded so that engines with a
+#: bounded scale (TensorRT-LLM's [0, 1]) can map it without clipping.
+PRIORITY_LIMIT = 100
 
 
 #: Options that may stand beside the kind (vLLM's names).
@@ -73,6 +76,15 @@ class SamplingParams:
     #: ``timeout_s``, kept here so the ``lora_name`` key and tensor are validated by one
     #: vocabulary; :meth:`Engine.prepare` checks it names an adapter the model serves.
     lora_name: str | None = None
+    #: Service-level objectives in milliseconds (None: none). Request settings like
+    #: ``timeout_s``: the runtime's SLO admission (serving/admission.py) may refuse a
+    #: request it predicts would miss its time to first token, or whose admission would
+    #: slow the requests running beside it past their time per output token.
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    #: Scheduling priority, lower first (vLLM's direction; 0 is the default). Engines
+    #: that cannot order their queue refuse any other value rather than ignore it.
+    priority: int = 0
 
     def seed_or_random(self) -> int:
         """The client's seed, else a fresh one for this request.
@@ -227,6 +239,13 @@ _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
     "n": (_as_int, lambda v: v == 1, "only n = 1 is supported (one sequence per request)"),
     "timeout_s": (_as_float, lambda v: v > 0, "must be a positive number of seconds"),
     "lora_name": (_as_adapter_name, None, ""),
+    "slo_ttft_ms": (_as_float, lambda v: v > 0, "must be a positive number of milliseconds"),
+    "slo_tpot_ms": (_as_float, lambda v: v > 0, "must be a positive number of milliseconds"),
+    "priority": (
+        _as_int,
+        lambda v: -PRIORITY_LIMIT <= v <= PRIORITY_LIMIT,
+        f"must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}] (lower runs first)",
+    ),
 }
 # Older vllm_backend clients spell structured output ``guided_decoding``.
 _ALIASES = {"guided_decoding": "structured_outputs"}

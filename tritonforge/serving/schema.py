@@ -131,6 +131,7 @@ def parse_request(
     inputs: Mapping[str, npt.NDArray[Any]],
     parameters: Mapping[str, Any] | None = None,
     dialect_sampling: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> GenerateRequest:
     """Build a :class:`GenerateRequest` from input tensors and request parameters.
 
@@ -138,7 +139,9 @@ def parse_request(
     tensor; when both name a key, the tensor wins (it is the more explicit channel).
     ``dialect_sampling`` holds typed values an engine's input dialect already read
     from tensors of their own (see :meth:`Engine.translate_inputs`); they rank
-    between request parameters and the ``sampling_parameters`` tensor.
+    between request parameters and the ``sampling_parameters`` tensor. ``defaults`` are
+    the model's own typed values (config.pbtxt ``default_<key>`` parameters): every
+    channel of the request outranks them.
 
     The parts are read in a fixed order (prompt, echo, returns, sampling), so a request
     with several mistakes always reports the same one first.
@@ -146,7 +149,9 @@ def parse_request(
     prompt, messages, prompt_ids = _prompt(inputs)
     stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
     returns = _returns(inputs, token_level=prompt_ids is not None)
-    sampling = _sampling(inputs, parameters, dialect_sampling, logprobs=returns.logprobs)
+    sampling = _sampling(
+        inputs, parameters, dialect_sampling, logprobs=returns.logprobs, defaults=defaults
+    )
     return GenerateRequest(
         prompt=prompt,
         messages=messages,
@@ -214,6 +219,7 @@ def _sampling(
     parameters: Mapping[str, Any] | None,
     dialect_sampling: Mapping[str, Any] | None,
     logprobs: bool,
+    defaults: Mapping[str, Any] | None = None,
 ) -> SamplingParams:
     """Merge the three sampling channels, lowest rank first (see :func:`parse_request`).
 
@@ -229,6 +235,7 @@ def _sampling(
             decode_json_object(raw, "sampling_parameters"), "sampling_parameters"
         )
     layers = (
+        dict(defaults or {}),
         from_params,
         dict(dialect_sampling or {}),
         _lora_tensor(inputs, from_tensor),
