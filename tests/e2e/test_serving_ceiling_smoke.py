@@ -26,6 +26,7 @@ TINY = [
     "load.rounds=1",
     "load.quiet_window_s=0",
     "load.max_duration_s=60",
+    "targets.6.concurrency=[4]",  # the paced engine's target, which runs at high levels only
 ]
 
 
@@ -33,11 +34,14 @@ TINY = [
 def test_serving_ceiling_contract_runs_every_target(tmp_path: Path) -> None:
     run_dir = run_ceiling(CONTRACT, TINY, tmp_path)
     results = json.loads((run_dir / "results.json").read_text())
-    targets = {t["name"] for t in results["contract"]["targets"]}
     rows = results["rows"]
     assert {(r["target"], r["concurrency"]) for r in rows} == {
-        (t, c) for t in targets for c in (1, 4)
+        (t["name"], c)
+        for t in results["contract"]["targets"]
+        for c in (1, 4)
+        if t["concurrency"] is None or c in t["concurrency"]
     }
+    assert ("grpc-paced-10ms", 4) in {(r["target"], r["concurrency"]) for r in rows}
     for row in rows:
         where = f"{row['target']} at {row['concurrency']}"
         assert row["errors"] == 0, f"{where}: {row['first_error']}"

@@ -66,6 +66,14 @@ class CeilingTarget(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     model: str
     protocol: Literal["grpc", "http", "openai_chat", "openai_completions"]
+    concurrency: list[int] | None = Field(
+        default=None,
+        description="runs only at those of the load's levels listed here (a paced engine's "
+        "high ones); None: at every level",
+    )
+
+    def runs_at(self, concurrency: int) -> bool:
+        return self.concurrency is None or concurrency in self.concurrency
 
 
 class CeilingLoad(Strict):
@@ -307,6 +315,8 @@ def run_rounds(
     for concurrency in load.concurrency:
         for round_index in range(load.rounds):
             for target in rotated(contract.targets, round_index):
+                if not target.runs_at(concurrency):
+                    continue
                 result = measure(target, endpoints, roles, load, concurrency)
                 rows.append(
                     {"target": target.name, "concurrency": concurrency, "round": round_index}
