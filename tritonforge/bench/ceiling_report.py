@@ -96,7 +96,7 @@ def noise_lines(rows: Sequence[dict[str, Any]], bound: float) -> list[str]:
         f"max {max(shares):.1%} (bound {bound:.0%}); {len(noisy)} of {len(rows)} "
         "measurements above the bound."
     ]
-    tops = defaultdict(int)
+    tops: defaultdict[str, int] = defaultdict(int)
     for row in noisy:
         for entry in row["noise"]["foreign_top"]:
             tops[entry.split(" (")[0]] += 1

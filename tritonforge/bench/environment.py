@@ -15,6 +15,7 @@ tree is refused unless told to go on, and then says so (:func:`served_code`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -95,7 +96,7 @@ class Environment(BaseModel):
 
 def parse_cpuinfo(text: str) -> tuple[str, dict[str, bool]]:
     """The first processor's model name and which of :data:`ISA_FLAGS` it has."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "model name" and not model:
@@ -241,7 +242,7 @@ def model_identity(model_dir: Path) -> ModelIdentity:
     for path in files:
         digest.update(path.name.encode() + b"\0")
         with path.open("rb") as handle:
-            for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
+            for chunk in iter(functools.partial(handle.read, 1 << 20), b""):
                 digest.update(chunk)
     return ModelIdentity(
         name=model_dir.name, path=str(model_dir), sha256=digest.hexdigest(), files=len(files)

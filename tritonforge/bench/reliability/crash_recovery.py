@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import grpc
@@ -90,8 +90,12 @@ class Launcher:
             stdin=subprocess.DEVNULL,
             text=True,
         )
-        stdout = self.process.stdout
-        threading.Thread(target=lambda: [self._lines.put(x) for x in stdout], daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True).start()
+
+    def _pump(self, stdout: IO[str]) -> None:
+        """The launcher's stdout, line by line, into the queue ``wait_ready`` reads."""
+        for line in stdout:
+            self._lines.put(line)
 
     def wait_ready(self, timeout_s: float = 900.0) -> str:
         """The launcher's ready line; its log's tail in the error if it never comes."""
@@ -144,7 +148,7 @@ async def _openai_status(session: aiohttp.ClientSession, url: str, model: str) -
 
 async def _serves(path: str, launcher: Launcher, model: str, clients: dict) -> bool:
     """One real request on ``path``, answered?"""
-    prompt = {"text_input": "Hello", "stream": True}
+    prompt: dict[str, str | bytes | bool] = {"text_input": "Hello", "stream": True}
     sampling = json.dumps({"max_tokens": 2, "temperature": 0})
     if path == "grpc":
         request = grpc_request(model, prompt | {"sampling_parameters": sampling})

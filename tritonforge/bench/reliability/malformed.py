@@ -87,7 +87,7 @@ class Malformed:
 
 # --- values that break a rule --------------------------------------------------------
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 _IDENTIFIER = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz_"), min_size=1, max_size=16)
 _JSONISH = st.one_of(
     st.booleans(),
@@ -159,10 +159,9 @@ def _wrong_type(key: str) -> st.SearchStrategy[Any]:
 
 def _outside(low: float, high: float) -> st.SearchStrategy[float]:
     """Finite floats below ``low`` or above ``high``."""
-    finite = {"allow_nan": False, "allow_infinity": False}
     return st.one_of(
-        st.floats(max_value=low, exclude_max=True, **finite),
-        st.floats(min_value=high, exclude_min=True, **finite),
+        st.floats(max_value=low, exclude_max=True, allow_nan=False, allow_infinity=False),
+        st.floats(min_value=high, exclude_min=True, allow_nan=False, allow_infinity=False),
     )
 
 
@@ -468,7 +467,11 @@ def send(server: Server, case: Malformed, timeout_s: float = 60.0) -> Answer:
 
 def greedy_answer(server: Server, model: str = LLM) -> str:
     """``model``'s greedy answer to a fixed prompt (derived on this machine, never fixed)."""
-    body = {"text_input": GREEDY_PROMPT, "exclude_input_in_output": True, "parameters": GREEDY}
+    body: dict[str, Any] = {
+        "text_input": GREEDY_PROMPT,
+        "exclude_input_in_output": True,
+        "parameters": GREEDY,
+    }
     reply = requests.post(
         f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=120
     ).json()
