@@ -76,7 +76,10 @@ def grpc_request(
                 name=name, datatype="BOOL" if is_bool else "BYTES", shape=[1]
             )
         )
-        raw = np.array([value], dtype=bool).tobytes() if is_bool else bytes_raw(value)
+        if isinstance(value, bool):
+            raw = np.array([value], dtype=bool).tobytes()
+        else:
+            raw = bytes_raw(value)
         request.raw_input_contents.append(raw)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     return request
