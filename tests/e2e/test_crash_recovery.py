@@ -70,8 +70,8 @@ def _openai_stream(base: str, started: threading.Event, events: list[str]) -> No
 
 
 def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[str]]:
-    """An OpenAI stream generating, and a gRPC stream queued behind it (llama.cpp's
-    model decodes one sequence at a time here): both in flight at the kill."""
+    """An OpenAI stream generating, and a gRPC stream sent after it (decoding beside it,
+    or waiting for a slot): both in flight at the kill."""
     grpc_out: dict = {}
     openai_events: list[str] = []
     openai_started = threading.Event()

@@ -1,15 +1,20 @@
-"""llamacpp_model specifics: one context, a bounded FIFO queue, abort while queued.
+"""llamacpp_model specifics: sequences decoded together, slots, a bounded queue, prefix reuse.
 
-llama.cpp runs one sequence at a time per context. The model therefore runs one
-request and queues the rest (FIFO) up to max_inflight (8 in config.pbtxt); past that a
-request gets an UNAVAILABLE "busy" error at once. These tests hold the context busy
-with a long request so the queue's state is deterministic, not a race.
+The context decodes up to ``n_parallel`` sequences (model.json) together; requests
+beyond them wait, first come first served, up to max_inflight (config.pbtxt); past that
+a request gets an UNAVAILABLE "busy" error at once. Queue tests fill every slot with a
+long request first, so the queue's state is deterministic, not a race. Expected texts
+are never written here: each is the same request's answer on this server, run alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,11 +22,19 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import llm_inputs, metric, stream, wait_for
 from tritonforge.engines.config import load_engine_config
+from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.launch.launcher import MODEL_REPOSITORY
+from tritonforge.repo import pbtxt
 
 MODEL = "llamacpp_model"
 LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
 SHORT = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
+GREEDY = {"temperature": 0, "max_tokens": 24}
+SETTINGS = load_engine_config(MODEL_REPOSITORY / MODEL / "1", "model.json")
+SLOTS = SETTINGS["n_parallel"]
+MAX_INFLIGHT = int(
+    pbtxt.parameters(pbtxt.read(MODEL_REPOSITORY / MODEL / "config.pbtxt"))["max_inflight"]
+)
 
 pytestmark = pytest.mark.server
 
@@ -73,85 +86,197 @@ class OpenStream:
             self.client.close()
 
 
-def test_queue_is_bounded_and_refuses_past_max_inflight(server) -> None:
-    max_inflight, sent = 8, 10
+@contextlib.contextmanager
+def every_slot_busy(server):
+    """Every slot holds a long request (running) until the block ends."""
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
-    blocker = OpenStream(server, "Tell a very long story:", LONG)
+    blockers = [
+        OpenStream(server, f"Tell a very long story, part {i}:", LONG) for i in range(SLOTS)
+    ]
     try:
-        blocker.first_response()  # the context is now busy with the blocker
+        for blocker in blockers:
+            blocker.first_response()
+        assert gauge(server, "num_requests_running") == SLOTS
+        yield blockers
+    finally:
+        for blocker in blockers:
+            blocker.cancel()
+
+
+def timed_stream(server, prompt: str, sampling: dict, stamps: list[float], **kwargs):
+    """A streamed request whose responses' arrival times go to ``stamps``."""
+    return stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling),
+                  on_response=lambda n: stamps.append(time.monotonic()), **kwargs)  # fmt: skip
+
+
+def alone(server, prompt: str, sampling: dict = GREEDY) -> str:
+    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
+    result = stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling, stream=False))
+    assert result.error is None, result.error
+    return result.text
+
+
+# --- slots and the queue -------------------------------------------------------------
+
+
+def test_queue_is_bounded_and_refuses_past_max_inflight(server) -> None:
+    waiting, refused_count = MAX_INFLIGHT - SLOTS, 3
+    sent = waiting + refused_count
+    with every_slot_busy(server) as blockers, ThreadPoolExecutor(sent) as pool:
         inputs = [
             llm_inputs(f"Item {i}:", sampling=SHORT, return_num_output_tokens=True)
             for i in range(sent)
         ]
-        with ThreadPoolExecutor(sent) as pool:
-            futures = [pool.submit(stream, server.grpc_url, MODEL, i) for i in inputs]
-            # 1 running + 7 queued fill max_inflight; the other 3 are refused at once.
-            refused_count = sent - (max_inflight - 1)
-            wait_for(lambda: sum(f.done() for f in futures) == refused_count,
-                     what="the requests past the bound to be refused")  # fmt: skip
-            wait_for(lambda: gauge(server, "num_requests_waiting") == max_inflight - 1,
-                     what="7 queued requests")  # fmt: skip
-            assert gauge(server, "num_requests_running") == 1
-            blocker.cancel()  # frees the context: the queue drains
+        futures = [pool.submit(stream, server.grpc_url, MODEL, i) for i in inputs]
+        # The slots run, `waiting` more queue; the rest are refused at once.
+        wait_for(lambda: sum(f.done() for f in futures) == refused_count,
+                 what="the requests past the bound to be refused")  # fmt: skip
+        wait_for(lambda: gauge(server, "num_requests_waiting") == waiting,
+                 what=f"{waiting} queued requests")  # fmt: skip
+        assert gauge(server, "num_requests_running") == SLOTS
+        for blocker in blockers:
+            blocker.cancel()  # frees the slots: the queue drains
         results = [f.result() for f in futures]
-    finally:
-        blocker.cancel()
     refused = [str(r.error) for r in results if r.error is not None]
     served = [r for r in results if r.error is None]
     assert len(refused) == refused_count
-    assert all("model is busy: 8 requests in flight" in e for e in refused), refused
-    assert len(served) == max_inflight - 1
+    assert all(f"model is busy: {MAX_INFLIGHT} requests in flight" in e for e in refused), refused
+    assert len(served) == waiting
     assert all(sum(int(n[0]) for n in r.outputs("num_output_tokens")) == 8 for r in served)
     wait_for(lambda: gauge(server, "num_requests_waiting") == 0, what="an empty queue")
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
 
 
-def test_queued_requests_run_in_arrival_order(server) -> None:
-    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
+def test_queued_requests_start_in_arrival_order(server) -> None:
     order: list[int] = []
-    blocker = OpenStream(server, "Tell a very long story:", LONG)
     queued = []
     try:
-        blocker.first_response()
-        for i in range(3):
-            queued.append(
-                OpenStream(server, f"Item {i}:", SHORT, on_first=lambda i=i: order.append(i))
-            )
-            wait_for(lambda n=i + 1: gauge(server, "num_requests_waiting") == n,
-                     what=f"{i + 1} queued")  # fmt: skip
-        blocker.cancel()
+        with every_slot_busy(server):
+            for i in range(3):
+                queued.append(
+                    OpenStream(server, f"Item {i}:", SHORT, on_first=lambda i=i: order.append(i))
+                )
+                wait_for(lambda n=i + 1: gauge(server, "num_requests_waiting") == n,
+                         what=f"{i + 1} queued")  # fmt: skip
         for request in queued:
             request.first_response()
     finally:
-        blocker.cancel()
         for request in queued:
             request.cancel()
     assert order == [0, 1, 2]
 
 
 def test_request_cancelled_while_queued_never_runs(server) -> None:
-    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
-    before = cancelled(server)
-    blocker = OpenStream(server, "Tell a very long story:", LONG)
-    try:
-        blocker.first_response()
+    with every_slot_busy(server):
+        before = cancelled(server)  # the blockers run: every earlier request is counted
         queued = OpenStream(server, "Another long story:", LONG)
         wait_for(lambda: gauge(server, "num_requests_waiting") == 1, what="one queued request")
         queued.cancel()
         wait_for(lambda: cancelled(server) == before + 1, what="the queued request cancelled")
         wait_for(lambda: gauge(server, "num_requests_waiting") == 0, what="an empty queue")
-        # The blocker was never interrupted: it still holds the context.
-        assert gauge(server, "num_requests_running") == 1
-    finally:
-        blocker.cancel()
-    wait_for(lambda: cancelled(server) == before + 2, what="the blocker cancelled")
+        # No running sequence was interrupted.
+        assert gauge(server, "num_requests_running") == SLOTS
+    wait_for(lambda: cancelled(server) == before + 1 + SLOTS, what="the blockers cancelled")
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
 
 
-def test_engine_config_is_llama_keyword_arguments() -> None:
-    config = load_engine_config(MODEL_REPOSITORY / MODEL / "1", "model.json")
-    assert config["model_path"] == "$TRITONFORGE_GGUF"
-    assert json.dumps(config)  # plain JSON, no engine objects
+# --- sequences decoded together --------------------------------------------------------
+
+
+def test_parallel_streams_interleave(server) -> None:
+    """Two streams started together receive their tokens over the same stretch of time
+    (one after the other, as a one-sequence engine serves them, they would not overlap)."""
+    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
+    forced = {"temperature": 0, "max_tokens": 32, "ignore_eos": True}
+    stamps: list[list[float]] = [[], []]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(timed_stream, server, f"Count to ten, take {i}:", forced, stamps[i])
+            for i in range(2)
+        ]
+        assert all(f.result().error is None for f in futures)
+    first, second = stamps
+    assert len(first) == len(second) == 32
+    overlap = min(first[-1], second[-1]) - max(first[0], second[0])
+    assert overlap > 0, (first[0], first[-1], second[0], second[-1])
+    during = sum(second[0] <= t <= second[-1] for t in first)
+    assert during >= 16, during  # most of one stream's tokens arrive within the other's
+
+
+def test_cancelling_one_sequence_leaves_the_others_text_unchanged(server) -> None:
+    survivors = ["The three primary colours are", "Write a haiku about rain:"]
+    expected = [alone(server, prompt) for prompt in survivors]
+    doomed = OpenStream(server, "Tell a very long story:", LONG)
+    try:
+        doomed.first_response()
+        with ThreadPoolExecutor(len(survivors)) as pool:
+            cancel_once_running = threading.Timer(0.3, doomed.cancel)
+            futures = [
+                pool.submit(stream, server.grpc_url, MODEL, llm_inputs(p, sampling=GREEDY))
+                for p in survivors
+            ]
+            cancel_once_running.start()
+            results = [f.result() for f in futures]
+            cancel_once_running.join()
+    finally:
+        doomed.cancel()
+    assert [r.error for r in results] == [None, None]
+    assert [r.text for r in results] == expected
+
+
+def test_constrained_and_free_sequences_batched_together_keep_their_own_rules(server) -> None:
+    """A grammar and a seed are per sequence: neither leaks into the sequence beside it."""
+    free = "Paris is the capital of"
+    expected = alone(server, free)
+    choice = {"temperature": 0.8, "seed": 3, "max_tokens": 8,
+              "structured_outputs": {"choice": ["yes", "no"]}}  # fmt: skip
+    with ThreadPoolExecutor(4) as pool:
+        constrained = [pool.submit(stream, server.grpc_url, MODEL,
+                                   llm_inputs("Is water wet? Answer:", sampling=choice))
+                       for _ in range(3)]  # fmt: skip
+        unconstrained = pool.submit(stream, server.grpc_url, MODEL,
+                                    llm_inputs(free, sampling=GREEDY))  # fmt: skip
+        answers = {f.result().text for f in constrained}
+        assert unconstrained.result().text == expected
+    assert len(answers) == 1 and answers <= {"yes", "no"}, answers  # same seed, same answer
+
+
+# --- prompt-prefix reuse ----------------------------------------------------------------
+
+
+def chat(server, messages: list[dict]) -> str:
+    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
+    result = stream(server.grpc_url, MODEL, llm_inputs(None, messages=messages, sampling=GREEDY))
+    assert result.error is None, result.error
+    return result.text
+
+
+def test_a_cached_prefix_gives_the_cold_runs_greedy_text(server) -> None:
+    """A fresh id in front makes a prompt no slot has seen, so its first run is cold.
+
+    The chat's second turn runs cold first; the first turn then takes that slot (their
+    prompts share the history), leaving its own prompt there; the second turn again now
+    evaluates only what follows the first turn's prompt, and must say the same.
+    """
+    history = f"Session {uuid.uuid4().hex}. " + "The river flows past the old mill. " * 40
+    first_turn = [{"role": "user", "content": history + "What flows past the mill?"}]
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": "The river."},
+        {"role": "user", "content": "And what does the mill do?"},
+    ]
+    cold = chat(server, second_turn)
+    assert chat(server, first_turn)
+    assert chat(server, second_turn) == cold
+    # The same text prompt twice: all but its last block comes from the cache.
+    assert alone(server, history) == alone(server, history)
+
+
+def test_engine_config_is_llama_keyword_arguments_plus_the_adapters_own() -> None:
+    assert SETTINGS["model_path"] == "$TRITONFORGE_GGUF"
+    assert json.dumps(SETTINGS)  # plain JSON, no engine objects
+    assert SLOTS > 1 and "n_parallel" in ADAPTER_KEYS  # never handed to Llama()
+    assert MAX_INFLIGHT > SLOTS  # room to wait before "busy"
 
 
 def test_grammar_the_engine_cannot_parse_is_a_request_error(server) -> None:

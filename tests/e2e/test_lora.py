@@ -224,8 +224,9 @@ def test_llamacpp_adapters_change_the_answer_as_llama_cpp_itself_does(
 
 
 def test_llamacpp_switches_adapters_between_queued_requests(server, llamacpp_offline) -> None:
-    """One context, one sequence at a time: each request runs with its own adapter, and
-    none is left on the context for the next (base after adapter answers as base)."""
+    """One adapter on the context at a time, so adapters take turns: each request runs
+    with its own adapter, and none is left on the context for the next (base after
+    adapter answers as base)."""
     order = [*VARIANTS, *reversed(VARIANTS)]
     with ThreadPoolExecutor(len(order)) as pool:
         answers = list(pool.map(lambda lora: ask(server, lora, LLAMACPP), order))

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import llama_cpp
-from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, SchemaConverter
+from llama_cpp.llama_grammar import JSON_GBNF, SchemaConverter
 
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import StructuredOutput
@@ -83,8 +83,8 @@ def structured_gbnf(spec: StructuredOutput) -> str:
         raise RequestError(where, f"llama.cpp cannot turn this into a grammar: {exc}") from None
 
 
-def compile_grammar(spec: StructuredOutput, vocab: Any) -> LlamaGrammar:
-    """The grammar for ``spec``, checked against the model's vocabulary."""
+def checked_grammar(spec: StructuredOutput, vocab: Any) -> str:
+    """GBNF text for ``spec``, checked against the model's vocabulary."""
     text = structured_gbnf(spec)
     # llama.cpp returns NULL for a grammar it cannot parse, and adding NULL to a
     # sampler chain crashes: check it here, where a bad grammar is the client's error.
@@ -94,4 +94,4 @@ def compile_grammar(spec: StructuredOutput, vocab: Any) -> LlamaGrammar:
             f"{STRUCTURED_FIELD}.{spec.kind}", "llama.cpp could not parse the grammar"
         )
     llama_cpp.llama_sampler_free(probe)
-    return LlamaGrammar.from_string(text, verbose=False)
+    return text

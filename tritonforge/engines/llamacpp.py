@@ -1,27 +1,34 @@
 """llama.cpp adapter (llama-cpp-python): the only module that imports llama_cpp.
 
-The engine is one ``llama_cpp.Llama`` built from ``model.json`` (its keyword arguments,
-as vLLM's ``model.json`` holds ``AsyncEngineArgs``), serving a GGUF file directly.
+The engine serves a GGUF file through one llama.cpp context. ``model.json`` holds
+``llama_cpp.Llama`` keyword arguments (as vLLM's holds ``AsyncEngineArgs``) plus two
+keys this adapter owns, which ``Llama()`` would silently ignore: ``n_parallel``, the
+number of sequences decoded together (llama-server's slots), and ``kv_unified``.
+``n_ctx`` is each sequence's context: every slot keeps the model's full context.
 
-A llama.cpp context runs one sequence at a time, and its calls block. So requests
-queue (FIFO) for one worker thread that owns the context; the event loop only moves
-deltas. The queue is bounded by the runtime's ``max_inflight`` (keep it small in
-config.pbtxt): past it a request gets the "busy" error at once rather than a wait of
-unknown length. The worker checks for abort between tokens, so a cancelled request
-stops costing compute after at most one token (prompt evaluation itself is not
-interruptible), and a request aborted while queued never reaches the context.
+Continuous batching: the ``Llama`` object loads the model, tokenizer and chat template;
+the serving context is this adapter's own, built from ``Llama``'s parameters with
+``n_seq_max`` = ``n_parallel`` and ``n_ctx`` = ``n_parallel`` x context. Its KV cache is
+split per sequence (``kv_unified`` false) because that measured as fast here, and a
+sequence's logits are then bit-for-bit the same whether it runs alone or beside
+others, which a unified cache did not give. One worker thread owns the context (its
+calls block); every step it lets waiting requests into free slots, evaluates one
+prompt block, and decodes one token for every generating sequence in a single
+``llama_decode`` call. The event loop only moves deltas. A request that finishes or is
+cancelled leaves between steps; its generated tokens' KV cells are freed at once and its
+prompt's cells stay as that slot's prompt cache (see :mod:`.llamacpp_slots` for slot
+choice, prefix reuse by whole blocks and why, and how LoRA adapters take turns).
 
+Requests beyond the slots wait, first come first served. The wait is bounded by the
+runtime's ``max_inflight`` (slots plus queue, in config.pbtxt): past it a request gets
+the "busy" error at once rather than a wait of unknown length. A request aborted while
+waiting never reaches the context.
+
+Sampling is per sequence: each has its own llama.cpp sampler chain (penalties, grammar,
+top-k/top-p/min-p, temperature, a seeded distribution), in ``Llama``'s own order.
 llama.cpp hands back token ids; bytes become text through the core's
-:class:`~tritonforge.engines.text_stream.TextStream` (UTF-8 safe, stop strings held back), so
-streamed and non-streamed answers are the same text. Each request evaluates its whole
-prompt from an empty KV cache: reusing a cached prefix would evaluate the last prompt
-token alone, whose logits differ in the last bits from a batched evaluation, and a
-seeded request would then not always reproduce.
-
-LoRA: the adapters of ``multi_lora.json`` (each directory's ``adapter.gguf``) are loaded
-once, at start, next to the model. The context runs one sequence at a time, so the
-worker sets the request's adapter (or none) on the context before each request:
-every listed adapter can be used, one per request, with no limit beyond memory.
+:class:`~tritonforge.engines.text_stream.TextStream` (UTF-8 safe, stop strings held
+back), so streamed and non-streamed answers are the same text.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import asyncio
 import ctypes
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Generator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -39,7 +47,6 @@ from typing import Any
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from llama_cpp.llama_grammar import LlamaGrammar
 
 from tritonforge.engines.base import (
     ConfigFile,
@@ -52,11 +59,20 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
-from tritonforge.engines.gbnf import compile_grammar
+from tritonforge.engines.gbnf import checked_grammar
+from tritonforge.engines.llamacpp_slots import (
+    PROMPT_BLOCK,
+    Slot,
+    choose_slot,
+    may_join,
+)
 from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
-from tritonforge.engines.text_stream import TextStream, TokenDecoding
+from tritonforge.engines.text_stream import TextStream
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
+
+#: model.json keys this adapter reads itself; the rest are ``Llama()`` keyword arguments.
+ADAPTER_KEYS = frozenset({"n_parallel", "kv_unified"})
 
 # --- the model's vocabulary, read once ------------------------------------------
 
@@ -102,13 +118,13 @@ def _piece(vocab: Any, token: int, special: bool) -> bytes:
         size = -n
 
 
-# --- one request in the worker's queue -------------------------------------------
+# --- one request, waiting or running ----------------------------------------------
 
 
 class _JobState(Enum):
     QUEUED = "queued"
-    RUNNING = "running"  # the worker took it
-    DROPPED = "dropped"  # aborted before the worker took it: it never runs
+    RUNNING = "running"  # the worker gave it a slot
+    DROPPED = "dropped"  # aborted before it got a slot: it never runs
 
 
 @dataclass
@@ -116,7 +132,7 @@ class _Job:
     request_id: str
     prompt: list[int]
     sampling: SamplingParams
-    grammar: LlamaGrammar | None
+    grammar: str | None  # GBNF, already checked against the vocabulary
     deliver: Callable[[EngineOutput | BaseException], None]
     lora: Any = None  # the llama.cpp adapter to run with (None: the base model)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -126,7 +142,7 @@ class _Job:
     def leave_queue(self, state: _JobState) -> bool:
         """Move a queued job to ``state``; False if it already left the queue.
 
-        The worker (taking the job) and an abort (dropping it) race for a queued job;
+        The worker (starting the job) and an abort (dropping it) race for a queued job;
         the lock makes exactly one of them win.
         """
         with self.lock:
@@ -139,21 +155,168 @@ class _Job:
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
 
+@dataclass
+class _Decoding:
+    """One running request's text and progress (the worker thread's only)."""
+
+    params: SamplingParams
+    pieces: list[bytes]
+    ends_generation: np.ndarray
+    stream: TextStream
+    limit: int  # max_tokens; Engine.prepare already checked it fits the context
+    generated: int = 0
+    cumulative_logprob: float | None = None
+
+    def advance(self, token: int) -> tuple[str, str | None]:
+        """Count ``token``; the text it adds and, if it ends the request, why."""
+        self.generated += 1
+        params, piece = self.params, self.pieces[token]
+        is_stop_token = token in params.stop_token_ids
+        if self.ends_generation[token] or is_stop_token:
+            # An end token adds no text (as in vLLM) unless it is a stop token the
+            # client asked to see.
+            text = ""
+            if is_stop_token and params.include_stop_str_in_output:
+                text = self.stream.add(piece).text
+            return text + self.stream.finish().text, "stop"
+        delta = self.stream.add(piece)
+        if delta.stop is not None:
+            return delta.text, "stop"
+        if self.generated >= self.limit:
+            end = self.stream.finish()
+            return delta.text + end.text, "stop" if end.stop is not None else "length"
+        return delta.text, None
+
+    def forbids_end(self) -> bool:
+        """End tokens may not be sampled yet (ignore_eos, or min_tokens not reached)."""
+        return self.params.ignore_eos or self.generated < self.params.min_tokens
+
+
+def _sampler_chain(params: SamplingParams, grammar: str | None, vocab: Any, last_n: int) -> Any:
+    """A llama.cpp sampler chain for one sequence, in ``Llama``'s own order.
+
+    ``llama_sampler_sample`` accepts each sampled token into the chain, so penalties
+    see the generation and the grammar advances with it.
+    """
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+
+    def add(sampler: Any) -> None:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+
+    penalties = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
+    if penalties != (1.0, 0.0, 0.0):
+        add(llama_cpp.llama_sampler_init_penalties(last_n, *penalties))
+    if grammar is not None:
+        add(llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root"))
+    if params.temperature == 0:
+        add(llama_cpp.llama_sampler_init_greedy())
+        return chain
+    add(llama_cpp.llama_sampler_init_top_k(max(params.top_k, 0)))
+    add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+    add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+    add(llama_cpp.llama_sampler_init_temp(params.temperature))
+    # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
+    add(llama_cpp.llama_sampler_init_dist(params.seed_or_random() % 0xFFFFFFFF))
+    return chain
+
+
+@dataclass
+class _Sequence:
+    """A job in a slot: its prompt's progress, its sampler and the token to feed next."""
+
+    job: _Job
+    slot: Slot
+    decoding: _Decoding
+    sampler: Any  # llama.cpp sampler chain, freed when the sequence leaves
+    evaluated: int  # prompt tokens whose KV the slot holds
+    token: int | None = None  # sampled, not yet evaluated
+    position: int = 0  # the position ``token`` goes to
+
+    @property
+    def prefilling(self) -> bool:
+        return self.evaluated < len(self.job.prompt)
+
+
+# --- the serving context ----------------------------------------------------------
+
+
+class _Context:
+    """The llama.cpp context the worker owns: one batch, decode calls, logits, KV edits."""
+
+    def __init__(self, llama: Any, settings: dict[str, Any], slots: int, context: int) -> None:
+        params = llama_cpp.llama_context_params.from_buffer_copy(llama.context_params)
+        self.capacity = max(int(settings.get("n_batch", 512)), slots, PROMPT_BLOCK)
+        params.n_ctx = slots * context
+        params.n_batch = self.capacity
+        params.n_ubatch = min(int(settings.get("n_ubatch", 512)), self.capacity)
+        params.n_seq_max = slots
+        params.kv_unified = bool(settings.get("kv_unified", False))
+        self.n_vocab = llama.n_vocab()
+        self.ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context for n_parallel sequences")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(self.capacity, 0, 1)
+
+    def decode(self, items: list[tuple[int, int, int, bool]]) -> None:
+        """Evaluate ``(token, position, seq_id, wants_logits)`` items in one call."""
+        batch = self.batch
+        batch.n_tokens = len(items)
+        for i, (token, position, seq_id, wants_logits) in enumerate(items):
+            batch.token[i], batch.pos[i] = token, position
+            batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq_id
+            batch.logits[i] = wants_logits
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed (status {status})")
+
+    def logits(self, index: int) -> np.ndarray:
+        """The logits of output ``index`` of the last call, as a view (valid until the next)."""
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+
+    def forget(self, seq_id: int, start: int) -> None:
+        """Free the sequence's KV cells from position ``start`` on."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, -1)
+
+    def use_adapter(self, lora: Any) -> None:
+        """Put an adapter (None: none) on the context; the last one must go."""
+        llama_cpp.llama_clear_adapter_lora(self.ctx)
+        if lora is not None and llama_cpp.llama_set_adapter_lora(self.ctx, lora, 1.0) != 0:
+            raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
+
+
+# --- the engine -----------------------------------------------------------------------
+
+
 class LlamaCppEngine(Engine):
     metric_prefix = "llamacpp"
     config_file = ConfigFile("model.json", path_keys=("model_path",))
 
-    def __init__(self, llama_kwargs: dict[str, Any]) -> None:
-        self._kwargs = llama_kwargs
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._settings = settings
+        self._kwargs = {k: v for k, v in settings.items() if k not in ADAPTER_KEYS}
+        self._n_parallel = int(settings.get("n_parallel", 1))
+        self._context_tokens = int(settings.get("n_ctx", 512))
+        self._last_n = int(settings.get("last_n_tokens_size", self._context_tokens))
         self._llama: Any = None
+        self._ctx: _Context | None = None
         self._formatter: Jinja2ChatFormatter | None = None
         self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._waiting: deque[_Job] = deque()  # the worker's, in arrival order
+        self._running: list[_Sequence] = []  # the worker's, in admission order
+        self._slots = [Slot(seq_id) for seq_id in range(self._n_parallel)]
+        self._tick = 0
+        self._on_context: str | None = None  # the adapter set on the context
         self._worker: threading.Thread | None = None
         self._stopping = False
         self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
         self._queued = 0
-        self._running = 0
         self._counts = threading.Lock()
         self._lora_files: dict[str, Path] = {}
         self._loras: dict[str, Any] = {}  # name -> llama_adapter_lora pointer, after start
@@ -166,8 +329,15 @@ class LlamaCppEngine(Engine):
             raise FileNotFoundError(
                 f"model.json: model_path {settings['model_path']} is not a file"
             )
-        # Logits for every position would cost n_ctx x n_vocab floats; logprobs read the
-        # last position's logits directly instead.
+        parallel = settings.setdefault("n_parallel", 1)
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise ValueError(
+                f"model.json: n_parallel must be a whole number >= 1, got {parallel!r}"
+            )
+        if not isinstance(settings.get("kv_unified", False), bool):
+            raise ValueError("model.json: kv_unified must be true or false")
+        # The serving context reads logits per output row; Llama's own would cost
+        # n_ctx x n_vocab floats.
         settings["logits_all"] = False
         settings.setdefault("verbose", False)
         # Penalties should see the whole generation, as vLLM's do, not the last 64 tokens.
@@ -189,8 +359,16 @@ class LlamaCppEngine(Engine):
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        self._llama = await asyncio.to_thread(lambda: llama_cpp.Llama(**self._kwargs))
-        llama = self._llama
+        await asyncio.to_thread(self._load)
+        self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
+        self._worker.start()
+
+    def _load(self) -> None:
+        # Llama loads the model, tokenizer and template; its own context (one sequence,
+        # a small batch: its logits buffer is n_batch x n_vocab floats) is freed at once
+        # for the serving context built from the same parameters.
+        self._llama = llama = llama_cpp.Llama(**{**self._kwargs, "n_batch": 8})
+        llama._ctx.close()
         for name, path in self._lora_files.items():
             pointer = llama_cpp.llama_adapter_lora_init(llama._model.model, str(path).encode())
             if not pointer:
@@ -204,15 +382,17 @@ class LlamaCppEngine(Engine):
                 eos_token=self._special_text(llama.token_eos()),
                 bos_token=self._special_text(llama.token_bos()),
             )
-        self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
-        self._worker.start()
+        self._ctx = _Context(llama, self._settings, self._n_parallel, self._context_tokens)
 
     async def shutdown(self) -> None:
         self._stopping = True
         for job in self._jobs.handles():
             job.cancel.set()
-        self._queue.put(None)
+        self._inbox.put(None)
         await stop_on_thread(self._worker, threading.Thread.join)
+        if self._ctx is not None:
+            context, self._ctx = self._ctx, None
+            context.close()
         # Adapters belong to the model: llama.cpp frees them with it (freeing them here
         # as well would free them twice).
         self._loras.clear()
@@ -236,7 +416,7 @@ class LlamaCppEngine(Engine):
 
     @property
     def max_context(self) -> int:
-        return self._llama.n_ctx()
+        return self._context_tokens
 
     @property
     def vocab_size(self) -> int:
@@ -257,27 +437,24 @@ class LlamaCppEngine(Engine):
 
     # --- requests ------------------------------------------------------------------
 
-    def _grammar(self, sampling: SamplingParams) -> LlamaGrammar | None:
-        spec = sampling.structured_outputs
-        return None if spec is None else compile_grammar(spec, self._llama._model.vocab)
-
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
         assert self._llama is not None, "engine not started"
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        spec = sampling.structured_outputs
         job = _Job(
             request_id,
             list(prompt.token_ids),
             sampling,
-            self._grammar(sampling),
+            None if spec is None else checked_grammar(spec, self._llama._model.vocab),
             lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
             None if sampling.lora_name is None else self._loras[sampling.lora_name],
         )
         with self._counts:
             self._queued += 1
-        self._queue.put(job)
+        self._inbox.put(job)
         with self._jobs.track(request_id, job):
             while True:
                 item = await outputs.get()
@@ -288,7 +465,7 @@ class LlamaCppEngine(Engine):
                     return
 
     def _drop(self, job: _Job) -> bool:
-        """Abort ``job``; True if it was still queued (it will never run)."""
+        """Abort ``job``; True if it was still waiting (it will never run)."""
         job.cancel.set()
         if not job.leave_queue(_JobState.DROPPED):
             return False
@@ -302,42 +479,184 @@ class LlamaCppEngine(Engine):
             job.deliver(ABORTED)
 
     def stats(self) -> EngineStats:
-        llama = self._llama
-        used = llama.n_tokens / llama.n_ctx() if llama is not None and self._running else 0.0
-        return EngineStats(running=self._running, waiting=self._queued, kv_cache_usage=used)
+        running = list(self._running)
+        held = sum(max(s.position, s.evaluated) for s in running)
+        capacity = self._n_parallel * self._context_tokens
+        return EngineStats(
+            running=len(running), waiting=self._queued, kv_cache_usage=held / capacity
+        )
 
     # --- the worker thread ---------------------------------------------------------
 
     def _work(self) -> None:
-        while (job := self._queue.get()) is not None:
+        stopping = False
+        while not stopping or self._running:
+            idle = not self._running and not self._waiting
+            stopping = self._receive(block=idle and not stopping) or stopping
+            self._retire_cancelled()
+            if not stopping:
+                self._admit()
+            self._prefill()
+            self._decode()
+        # Shutting down: whatever still waits will not run.
+        self._receive(block=False)
+        for job in self._waiting:
+            if self._drop(job):
+                job.deliver(ABORTED)
+        self._waiting.clear()
+
+    def _receive(self, block: bool) -> bool:
+        """Move new jobs to the waiting line (waiting for one if ``block``); True on stop."""
+        stop = False
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                if item is None:
+                    stop = True
+                else:
+                    self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return stop
+
+    def _retire_cancelled(self) -> None:
+        for sequence in [s for s in self._running if s.job.cancel.is_set()]:
+            sequence.job.deliver(ABORTED)
+            self._leave(sequence)
+
+    def _admit(self) -> None:
+        """Give free slots to waiting jobs, first come first served (adapters take turns)."""
+        while self._waiting:
+            job = self._waiting[0]
+            if job.state is _JobState.DROPPED:
+                self._waiting.popleft()
+                continue
+            adapter = job.sampling.lora_name
+            if not may_join(adapter, self._on_context, len(self._running)):
+                return
+            choice = choose_slot(self._slots, job.prompt, adapter)
+            if choice is None:
+                return
+            self._waiting.popleft()
             if not job.leave_queue(_JobState.RUNNING):
-                continue  # aborted while queued
+                continue  # aborted just now
             with self._counts:
                 self._queued -= 1
-                self._running = 1
             try:
-                self._run(job)
+                self._start(job, *choice)
             except Exception as exc:
                 job.deliver(exc)
-            finally:
-                with self._counts:
-                    self._running = 0
-        # Shutting down: whatever is still queued will not run.
-        while True:
+
+    def _start(self, job: _Job, slot: Slot, reuse: int) -> None:
+        assert self._ctx is not None
+        adapter = job.sampling.lora_name
+        if self._loras and adapter != self._on_context:
+            self._ctx.use_adapter(job.lora)
+        self._on_context = adapter
+        self._ctx.forget(slot.seq_id, reuse)  # the cached tail this prompt does not share
+        params = job.sampling
+        decoding = _Decoding(
+            params=params,
+            pieces=self._vocab.pieces(params.skip_special_tokens),
+            ends_generation=self._vocab.ends_generation,
+            stream=TextStream(params.stop, params.include_stop_str_in_output),
+            limit=params.max_tokens,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+        sampler = _sampler_chain(params, job.grammar, self._llama._model.vocab, self._last_n)
+        slot.busy, slot.adapter, slot.cached = True, adapter, job.prompt[:reuse]
+        self._running.append(_Sequence(job, slot, decoding, sampler, evaluated=reuse))
+
+    def _leave(self, sequence: _Sequence) -> None:
+        """Take a sequence out: its generated tokens' KV freed, its prompt's kept as cache."""
+        assert self._ctx is not None
+        self._running.remove(sequence)
+        llama_cpp.llama_sampler_free(sequence.sampler)
+        slot = sequence.slot
+        slot.cached = sequence.job.prompt[: sequence.evaluated]
+        self._ctx.forget(slot.seq_id, len(slot.cached))
+        self._tick += 1
+        slot.busy, slot.last_used = False, self._tick
+
+    def _prefill(self) -> None:
+        """Evaluate the next prompt block of the oldest sequence still reading its prompt.
+
+        A block is a call of its own (see llamacpp_slots: reuse by whole blocks), and the
+        last one yields the sequence's first token.
+        """
+        sequence = next((s for s in self._running if s.prefilling), None)
+        if sequence is None:
+            return
+        assert self._ctx is not None
+        prompt, start = sequence.job.prompt, sequence.evaluated
+        end = min(len(prompt), (start // PROMPT_BLOCK + 1) * PROMPT_BLOCK)
+        seq_id = sequence.slot.seq_id
+        try:
+            self._ctx.decode(
+                [(prompt[p], p, seq_id, p == len(prompt) - 1) for p in range(start, end)]
+            )
+            sequence.evaluated = sequence.position = end
+            if not sequence.prefilling:
+                self._emit(sequence, end - start - 1)
+        except Exception as exc:
+            sequence.job.deliver(exc)
+            self._leave(sequence)
+
+    def _decode(self) -> None:
+        """One token for every generating sequence, in one call."""
+        generating = [s for s in self._running if s.token is not None]
+        if not generating:
+            return
+        assert self._ctx is not None
+        items = [(s.token, s.position, s.slot.seq_id, True) for s in generating]
+        try:
+            self._ctx.decode(items)  # type: ignore[arg-type]
+        except Exception as exc:
+            for sequence in generating:
+                sequence.job.deliver(exc)
+                self._leave(sequence)
+            return
+        for index, sequence in enumerate(generating):
+            sequence.position += 1
             try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None and self._drop(job):
-                job.deliver(ABORTED)
+                self._emit(sequence, index)
+            except Exception as exc:
+                sequence.job.deliver(exc)
+                self._leave(sequence)
 
-    def _logits_row(self) -> np.ndarray:
-        """Raw logits the last sampled token was drawn from (valid until the next eval)."""
-        pointer = llama_cpp.llama_get_logits_ith(self._llama._ctx.ctx, -1)
-        return np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
+    def _emit(self, sequence: _Sequence, index: int) -> None:
+        """Sample the sequence's next token from output ``index`` and deliver its delta."""
+        assert self._ctx is not None
+        row, decoding = self._ctx.logits(index), sequence.decoding
+        # Logprobs are the model's, read before end tokens are masked for sampling.
+        raw = row.astype(np.float64) if decoding.params.logprobs is not None else None
+        if decoding.forbids_end():
+            row[decoding.ends_generation] = -np.inf
+        token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx.ctx, index)
+        output = self._output(decoding, token, raw)
+        sequence.token = None if output.finished else token
+        sequence.job.deliver(output)
+        if output.finished:
+            self._leave(sequence)
 
-    def _logprobs(self, token: int, top: int) -> tuple[PositionLogprobs, float]:
-        logits = self._logits_row()
+    def _output(self, decoding: _Decoding, token: int, raw: np.ndarray | None) -> EngineOutput:
+        """The delta for one sampled token."""
+        logprobs = None
+        if raw is not None:
+            entry, chosen = self._logprobs(raw, token, decoding.params.logprobs or 0)
+            logprobs = [entry]
+            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
+        text, reason = decoding.advance(token)
+        return EngineOutput(
+            text=text,
+            token_ids=[token],
+            logprobs=logprobs,
+            cumulative_logprob=decoding.cumulative_logprob,
+            finished=reason is not None,
+            finish_reason=reason,
+        )
+
+    def _logprobs(self, logits: np.ndarray, token: int, top: int) -> tuple[PositionLogprobs, float]:
         logprobs = logits - logits.max()
         logprobs -= np.log(np.exp(logprobs).sum())
         chosen = float(logprobs[token])
@@ -352,83 +671,3 @@ class LlamaCppEngine(Engine):
             for t in ids
         }
         return entry, chosen
-
-    def _run(self, job: _Job) -> None:
-        """Generate ``job`` to its end, delivering one delta per token."""
-        decoding = self._begin(job)
-        tokens = self._sample(job, decoding)
-        try:
-            for token in tokens:
-                if job.cancel.is_set():
-                    job.deliver(ABORTED)
-                    return
-                output = self._step(decoding, int(token))
-                job.deliver(output)
-                if output.finished:
-                    return
-        finally:
-            tokens.close()
-
-    def _begin(self, job: _Job) -> TokenDecoding:
-        params, llama = job.sampling, self._llama
-        # llama.cpp seeds are 32-bit and 0xFFFFFFFF means "random": fold into range.
-        llama.set_seed(params.seed_or_random() % 0xFFFFFFFF)
-        llama.reset()
-        if self._loras:
-            self._use_adapter(job.lora)
-        return TokenDecoding(
-            params=params,
-            pieces=self._vocab.pieces(params.skip_special_tokens),
-            ends_generation=self._vocab.ends_generation,
-            stream=TextStream(params.stop, params.include_stop_str_in_output),
-            limit=params.max_tokens,
-            cumulative_logprob=0.0 if params.logprobs is not None else None,
-        )
-
-    def _use_adapter(self, lora: Any) -> None:
-        """Put the request's adapter (None: none) on the context; the last one must go."""
-        context = self._llama._ctx.ctx
-        llama_cpp.llama_clear_adapter_lora(context)
-        if lora is not None and llama_cpp.llama_set_adapter_lora(context, lora, 1.0) != 0:
-            raise RuntimeError("llama.cpp could not apply the request's LoRA adapter")
-
-    def _sample(self, job: _Job, decoding: TokenDecoding) -> Generator[int, Any, None]:
-        """llama.cpp's token generator for ``job``, sampling as the common vocabulary says."""
-        params, ends = job.sampling, decoding.ends_generation
-
-        def forbid_end(_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-            if params.ignore_eos or decoding.generated < params.min_tokens:
-                logits[ends] = -np.inf
-            return logits
-
-        needs_processor = params.ignore_eos or params.min_tokens > 0
-        return self._llama.generate(
-            job.prompt,
-            top_k=max(params.top_k, 0),
-            top_p=params.top_p,
-            min_p=params.min_p,
-            typical_p=1.0,
-            temp=params.temperature,
-            repeat_penalty=params.repetition_penalty,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
-            logits_processor=[forbid_end] if needs_processor else None,
-            grammar=job.grammar,
-        )
-
-    def _step(self, decoding: TokenDecoding, token: int) -> EngineOutput:
-        """The delta for one sampled token (logprobs read before the next evaluation)."""
-        logprobs = None
-        if decoding.params.logprobs is not None:
-            entry, chosen = self._logprobs(token, decoding.params.logprobs)
-            logprobs = [entry]
-            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
-        text, reason = decoding.advance(token)
-        return EngineOutput(
-            text=text,
-            token_ids=[token],
-            logprobs=logprobs,
-            cumulative_logprob=decoding.cumulative_logprob,
-            finished=reason is not None,
-            finish_reason=reason,
-        )

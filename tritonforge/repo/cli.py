@@ -65,7 +65,7 @@ def _add_subcommand(commands: argparse._SubParsersAction) -> None:
     adding.add_argument(
         "--max-inflight",
         type=int,
-        help="requests in flight before 'busy' (default: vllm/tensorrt_llm 256, llamacpp 8)",
+        help="requests in flight before 'busy' (default: vllm/tensorrt_llm 256, llamacpp 16)",
     )
     adding.add_argument(
         "--engine-arg",

@@ -67,8 +67,9 @@ ENGINES: dict[str, EngineSpec] = {
             path_keys=("model_path",),
             model_kind="gguf",
             module="llama_cpp",
-            # One sequence runs at a time; a short queue answers "busy" early.
-            max_inflight=8,
+            # n_parallel sequences decode together; as many again may wait, then "busy".
+            max_inflight=16,
+            defaults={"n_parallel": 8},
         ),
         EngineSpec(
             key="tensorrt_llm",
@@ -133,7 +134,9 @@ def _llamacpp_args() -> KnownArgs:
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     )
     version = getattr(llama_cpp, "__version__", "?")
-    return KnownArgs(names, f"llama-cpp-python {version} Llama()")
+    # Plus the keys this project's adapter reads itself (n_parallel, kv_unified).
+    adapter = importlib.import_module("tritonforge.engines.llamacpp")
+    return KnownArgs(names | adapter.ADAPTER_KEYS, f"llama-cpp-python {version} Llama()")
 
 
 def _tensorrt_llm_args() -> KnownArgs:

@@ -22,7 +22,7 @@ KNOWN = {
     "vllm": KnownArgs(
         frozenset({"model", "tokenizer", "dtype", "enable_lora", "max_loras"}), "stand-in"
     ),
-    "llamacpp": KnownArgs(frozenset({"model_path", "n_ctx"}), "stand-in"),
+    "llamacpp": KnownArgs(frozenset({"model_path", "n_ctx", "n_parallel"}), "stand-in"),
     "tensorrt_llm": KnownArgs(frozenset({"model", "backend"}), "stand-in"),
 }
 

@@ -33,7 +33,7 @@ KNOWN = KnownArgs(
     frozenset({"model", "dtype", "max_model_len", "enable_lora", "max_loras", "seed"}),
     "stand-in",
 )
-KNOWN_LLAMA = KnownArgs(frozenset({"model_path", "n_ctx", "n_threads"}), "stand-in")
+KNOWN_LLAMA = KnownArgs(frozenset({"model_path", "n_ctx", "n_threads", "n_parallel"}), "stand-in")
 KNOWN_TRT = KnownArgs(frozenset({"model", "backend", "max_seq_len"}), "stand-in")
 
 
@@ -105,7 +105,7 @@ def test_max_inflight_defaults_to_the_engines_shipped_bound(
     gguf = str(models_root / "tiny.gguf")
     add(request(tmp_path, models_root, engine="llamacpp", model=gguf), repo_env, known)
     config = pbtxt.read(tmp_path / "repo" / "tiny" / "config.pbtxt")
-    assert pbtxt.parameters(config)["max_inflight"] == "8"
+    assert pbtxt.parameters(config)["max_inflight"] == "16"
     assert config.backend == "llamacpp"
 
 
@@ -117,7 +117,8 @@ def test_llamacpp_model_names_the_gguf_and_the_wheels_gguf_as_a_variable(
     req = request(tmp_path, models_root, engine="llamacpp", model=str(outside))
     add(req, repo_env | {"TRITONFORGE_GGUF": "/nowhere"}, known)
     assert json.loads((req.repository / "tiny" / "1" / "model.json").read_text()) == {
-        "model_path": str(outside)
+        "model_path": str(outside),
+        "n_parallel": 8,
     }
     env = repo_env | {"TRITONFORGE_GGUF": str(outside)}
     assert portable(str(outside), env) == "$TRITONFORGE_GGUF"
@@ -328,7 +329,7 @@ def test_the_llamacpp_argument_list_is_read_from_the_installed_engine() -> None:
 
     pytest.importorskip("llama_cpp")
     args = _llamacpp_args()
-    assert {"model_path", "n_ctx", "n_threads"} <= args.names
+    assert {"model_path", "n_ctx", "n_threads", "n_parallel", "kv_unified"} <= args.names
     assert "kwargs" not in args.names and "self" not in args.names
 
 

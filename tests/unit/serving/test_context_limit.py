@@ -84,10 +84,11 @@ def test_no_engine_adapter_overrides_the_shared_check() -> None:
 
 
 def test_llamacpp_generates_max_tokens_without_lowering_it() -> None:
-    """llama.cpp keeps max_tokens as asked: a request that does not fit is the core's to refuse,
-    never silently capped at the room left in the context."""
-    engine = LlamaCppEngine({})
-    llama = SimpleNamespace(n_ctx=lambda: 50, set_seed=lambda seed: None, reset=lambda: None)
-    engine._llama = llama
-    job = _Job("r", [1] * 45, SamplingParams(max_tokens=20), None, lambda item: None)
-    assert engine._begin(job).limit == 20
+    """llama.cpp used to cap max_tokens at the room left silently; the core now rejects."""
+    engine = LlamaCppEngine({"n_ctx": 50})
+    engine._llama = SimpleNamespace(_model=SimpleNamespace(vocab=None))
+    engine._ctx = SimpleNamespace(forget=lambda seq_id, start: None)
+    sampling = SamplingParams(max_tokens=20, temperature=0)
+    engine._start(_Job("r", [1] * 45, sampling, None, lambda item: None), engine._slots[0], 0)
+    (sequence,) = engine._running
+    assert engine.max_context == 50 and sequence.decoding.limit == 20
