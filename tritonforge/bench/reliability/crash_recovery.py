@@ -98,15 +98,20 @@ class Launcher:
             self._lines.put(line)
 
     def wait_ready(self, timeout_s: float = 900.0) -> str:
-        """The launcher's ready line; its log's tail in the error if it never comes."""
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            line = ""
-        if "tritonforge ready" not in line:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the launcher did not get ready: {line!r}\n{tail}")
-        return line
+        """The launcher's ready line (the server's own output shares its stdout: skipped);
+        the log's tail in the error if it never comes."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if self.process is not None and self.process.poll() is not None:
+                    break  # the launcher exited
+                continue
+            if line.startswith("tritonforge ready"):
+                return line
+        tail = self.log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the launcher did not get ready in {timeout_s:.0f} s\n{tail}")
 
     def _child(self, match: str) -> psutil.Process:
         assert self.process is not None
