@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tritonforge.openai import translate
+from tritonforge.openai.chunks import TextChunks
 from tritonforge.openai.errors import (
     TRITON_DOWN_RETRY_AFTER_S,
     OpenAIError,
@@ -241,6 +242,7 @@ class OpenAIServer:
         usage = Usage()
         offset = 0
         output: ModelOutput | None = first
+        texts = TextChunks(ids, chat, with_usage)
         try:
             if chat:
                 role = ChoiceDelta(role="assistant", content="")
@@ -253,7 +255,10 @@ class OpenAIServer:
                     reason = "stop"
                 text = prefix + output.text
                 prefix = ""
-                if text or reason or output.logprobs:
+                if text and reason is None and request.top_logprobs is None:
+                    offset += len(text)
+                    yield texts.event(text)  # the common chunk, from its template
+                elif text or reason or output.logprobs:
                     chunk: ChatCompletionChunk | CompletionChunk
                     if chat:
                         chat_logprobs = None

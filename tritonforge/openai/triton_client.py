@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,12 +80,23 @@ def _byte_elements(raw: bytes) -> list[bytes]:
     return elements
 
 
+def _text(raw: bytes) -> str:
+    """A BYTES tensor's elements joined as text (one element, the usual case, directly)."""
+    if len(raw) >= 4 and int.from_bytes(raw[:4], "little") == len(raw) - 4:
+        return raw[4:].decode("utf-8")
+    return b"".join(_byte_elements(raw)).decode("utf-8")
+
+
+def _uint32s(raw: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
+
+
 def parse_response(response: Any) -> ModelOutput:
     """One ``ModelInferResponse`` as a :class:`ModelOutput` (outputs it lacks stay None).
 
     Read straight from the protobuf, one pass over its outputs: this runs once per
-    streamed token, on the same two cores as the engine, so it avoids building numpy
-    arrays for what are a few bytes and a couple of integers.
+    streamed response, on the same cores as the server, so it builds no numpy arrays
+    for what are a few bytes and a couple of integers.
     """
     output = ModelOutput()
     contents = response.raw_output_contents
@@ -92,17 +104,17 @@ def parse_response(response: Any) -> ModelOutput:
         raw = contents[index] if index < len(contents) else b""
         name = tensor.name
         if name == "text_output":
-            output.text = b"".join(_byte_elements(raw)).decode("utf-8")
+            output.text = _text(raw)
         elif name == "finish_reason":
-            output.finish_reason = b"".join(_byte_elements(raw)).decode("utf-8")
+            output.finish_reason = _text(raw)
         elif name == "num_input_tokens":
-            output.num_input_tokens = int(np.frombuffer(raw, "<u4")[0]) if raw else None
+            output.num_input_tokens = _uint32s(raw)[0] if len(raw) >= 4 else None
         elif name == "num_output_tokens":
-            output.num_output_tokens = int(np.frombuffer(raw, "<u4").sum())
+            output.num_output_tokens = sum(_uint32s(raw))
         elif name == "logprobs":
             output.logprobs = json.loads(b"".join(_byte_elements(raw)) or b"null") or []
         elif name == "output_ids":
-            output.output_ids = np.frombuffer(raw, "<i4").tolist()
+            output.output_ids = list(struct.unpack(f"<{len(raw) // 4}i", raw))
     final = response.parameters.get("triton_final_response")
     output.final = bool(final is not None and final.bool_param)
     return output
