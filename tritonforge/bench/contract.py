@@ -16,7 +16,7 @@ import hashlib
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,63 +49,47 @@ class Fixed(Strict):
         return float(self.value)
 
 
-class Uniform(Strict):
-    dist: Literal["uniform"]
-    min: int = Field(ge=1)
+class Bounded(Strict):
+    """A distribution drawn within ``[min, max]``."""
+
+    min: int = Field(default=1, ge=1)
     max: int = Field(ge=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> Uniform:
+    def _ordered(self) -> Self:
         if self.max < self.min:
             raise ValueError("max must be >= min")
         return self
 
     def bounds(self) -> tuple[int, int]:
         return self.min, self.max
+
+
+class Uniform(Bounded):
+    dist: Literal["uniform"]
+    min: int = Field(ge=1)
 
     def mean(self) -> float:
         return (self.min + self.max) / 2
 
 
-class Normal(Strict):
+class Normal(Bounded):
     """A normal distribution clipped to ``[min, max]`` (lengths are never negative)."""
 
     dist: Literal["normal"]
     mean_: float = Field(alias="mean", gt=0)
     stddev: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Normal:
-        if self.max < self.min:
-            raise ValueError("max must be >= min")
-        return self
-
-    def bounds(self) -> tuple[int, int]:
-        return self.min, self.max
 
     def mean(self) -> float:
         return min(max(self.mean_, self.min), self.max)
 
 
-class LogNormal(Strict):
+class LogNormal(Bounded):
     """Long-tailed lengths (documents, chat transcripts); ``median`` and log-space ``sigma``."""
 
     dist: Literal["lognormal"]
     median: float = Field(gt=0)
     sigma: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LogNormal:
-        if self.max < self.min:
-            raise ValueError("max must be >= min")
-        return self
-
-    def bounds(self) -> tuple[int, int]:
-        return self.min, self.max
 
     def mean(self) -> float:
         import math

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.unit.bench.helpers import contract_refusal
 from tritonforge.bench.contract import ContractError, apply_overrides, load_contract, parse_contract
 
 CONTRACTS = Path(__file__).resolve().parents[3] / "perf" / "contracts"
@@ -54,11 +55,7 @@ def test_chat_mix_covers_the_issues_load_levels_and_mix() -> None:
 
 
 def refused(mutate) -> str:
-    data = copy.deepcopy(smoke_data())
-    mutate(data)
-    with pytest.raises(ContractError) as caught:
-        parse_contract(data, "test.yaml")
-    return str(caught.value)
+    return contract_refusal(smoke_data(), mutate)
 
 
 def test_a_misspelt_key_is_named() -> None:

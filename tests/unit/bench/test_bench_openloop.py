@@ -3,15 +3,14 @@ the sweep stopping at a saturated target, and the report's capacity section."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.unit.bench.helpers import contract_refusal
 from tritonforge.bench import report, saturation
 from tritonforge.bench.contract import (
-    ContractError,
     Saturation,
     Slo,
     load_contract,
@@ -30,11 +29,7 @@ def capacity_data() -> dict:
 
 
 def refused(mutate) -> str:
-    data = copy.deepcopy(capacity_data())
-    mutate(data)
-    with pytest.raises(ContractError) as caught:
-        parse_contract(data, "test.yaml")
-    return str(caught.value)
+    return contract_refusal(capacity_data(), mutate)
 
 
 # --- the contract ------------------------------------------------------------------------

@@ -8,9 +8,9 @@ import time
 
 import psutil
 
+from tests.unit.bench.helpers import environment
 from tritonforge.bench import report
 from tritonforge.bench.contract import Slo
-from tritonforge.bench.environment import Environment, Machine, ModelIdentity
 from tritonforge.bench.metrics import MeasuredRequest, summarize
 from tritonforge.bench.noise import CpuSnapshot, NoiseSample, foreign_share, snapshot
 from tritonforge.bench.results import ComparisonResult, RunResult, Spread, TargetResult
@@ -85,14 +85,7 @@ def run_result(noisy: bool) -> RunResult:
         started_at="start",
         finished_at="end",
         load_mode="concurrency",
-        environment=Environment(
-            git_commit="0" * 40,
-            git_dirty=False,
-            machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
-            model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
-            serving_versions={},
-            bench_versions={},
-        ),
+        environment=environment(),
         targets=[TargetResult(name="t", kind="triton", tool="aiperf", status="ok", levels=levels)],
         comparisons=[
             ComparisonResult(

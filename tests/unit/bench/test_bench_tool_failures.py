@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.unit.bench.helpers import environment
 from tritonforge.bench import aiperf_driver, lifecycle, perf_analyzer_driver, report
 from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, load_contract
-from tritonforge.bench.environment import Environment, Machine, ModelIdentity
 from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.noise import RoundWatch
 from tritonforge.bench.offline_ceiling import OfflineCeiling
@@ -233,14 +233,7 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
         started_at="start",
         finished_at="end",
         load_mode="concurrency",
-        environment=Environment(
-            git_commit="0" * 40,
-            git_dirty=False,
-            machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
-            model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
-            serving_versions={},
-            bench_versions={},
-        ),
+        environment=environment(),
         targets=[result],
         comparisons=[],
     )
@@ -328,14 +321,7 @@ def test_a_run_stopped_part_way_keeps_what_it_measured(
 ) -> None:
     plan = plan_for(tmp_path)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    env = Environment(
-        git_commit="0" * 40,
-        git_dirty=False,
-        machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
-        model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
-        serving_versions={},
-        bench_versions={},
-    )
+    env = environment()
 
     def stopped(self) -> list:  # one round measured, then SIGTERM
         result = TargetResult(name="triton-vllm", kind="triton", tool="aiperf", status="ok")

@@ -140,10 +140,7 @@ async def cancel_storm(
         figures["counted_cancelled"] = counted
         failures += _storm_failures(figures, streams, within_s, kv_within_s)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await clients.close()
+        await clients.close(abandoned=tasks)
     criteria = [
         f"{streams} streams in the engine, cancelled at once",
         f"vllm:num_requests_running and _waiting back to 0 within {within_s:g} s",

@@ -17,7 +17,7 @@ import contextlib
 import json
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -247,7 +247,11 @@ class Clients:
         self._next += 1
         return self.channels[self._next % len(self.channels)]
 
-    async def close(self) -> None:
+    async def close(self, abandoned: Sequence[asyncio.Task[Any]] = ()) -> None:
+        """Cancel the requests still running (``abandoned``), wait for them to end, close."""
+        for task in abandoned:
+            task.cancel()
+        await asyncio.gather(*abandoned, return_exceptions=True)
         await self.session.close()
         for channel in self.channels:
             await channel.close()

@@ -204,10 +204,7 @@ async def sigterm_under_load(
         )
         failures = _failures(figures, requests, bound_s, orphan_grace_s)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await clients.close()
+        await clients.close(abandoned=tasks)
     criteria = [
         f"{requests} long requests in flight (gRPC streams and HTTP /generate) at "
         "SIGTERM to tritonserver",

@@ -1,0 +1,33 @@
+"""What several bench unit tests build the same way: a recorded environment, a refusal."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tritonforge.bench.contract import ContractError, parse_contract
+from tritonforge.bench.environment import Environment, Machine, ModelIdentity
+
+
+def environment(**versions: dict[str, str]) -> Environment:
+    """An environment as a run records it, on a made-up two-core machine."""
+    return Environment(
+        git_commit="0" * 40,
+        git_dirty=False,
+        machine=Machine(cpu_model="Test CPU", cores=2, ram_gib=8, os="Linux", python="3"),
+        model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
+        serving_versions=versions.get("serving", {}),
+        bench_versions=versions.get("bench", {}),
+    )
+
+
+def contract_refusal(data: dict[str, Any], mutate: Callable[[dict[str, Any]], Any]) -> str:
+    """The error a contract gets once ``mutate`` changed a copy of ``data``."""
+    changed = copy.deepcopy(data)
+    mutate(changed)
+    with pytest.raises(ContractError) as caught:
+        parse_contract(changed, "test.yaml")
+    return str(caught.value)
