@@ -45,8 +45,9 @@ bench: setup bench-venv
 soak: setup
 	$(PY) -m tritonforge.bench soak --minutes $(MINUTES) --concurrency $(CONCURRENCY) --models $(SOAK_MODELS)
 
+## ruff, then mypy (pyproject.toml: strict on serving/, triton/ and engines/).
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 format:
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
