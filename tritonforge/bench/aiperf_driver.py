@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonforge.bench.metrics import MeasuredRequest
-from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
+from tritonforge.bench.tools import read_records, run_logged, tool_binary
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -239,14 +239,7 @@ def run_level(
     cmd = aiperf_command(
         endpoint, trace, artifacts, tokenizer, len(requests), mode, level, max_duration_s, seed
     )
-    (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
-    run = run_tool(
-        "aiperf",
-        cmd,
-        artifacts / "aiperf.log",
-        timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
-        cwd=artifacts,
-    )
+    run = run_logged("aiperf", cmd, artifacts, max_duration_s, cwd=artifacts)
 
     def parse(export: Path) -> list[MeasuredRequest]:
         arrived = arrived_counts(artifacts, endpoint.count_field) if endpoint.count_field else None

@@ -29,7 +29,7 @@ from pathlib import Path
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling
 from tritonforge.bench.metrics import MeasuredRequest
-from tritonforge.bench.tools import STARTUP_ALLOWANCE_S, read_records, run_tool, tool_binary
+from tritonforge.bench.tools import read_records, run_logged, tool_binary
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -343,11 +343,5 @@ def _measure(
     data_path.write_text(json.dumps(data))
     export = artifacts / "profile_export.json"
     cmd = command(data_path, export, concurrency, count)
-    (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
-    run = run_tool(
-        "perf_analyzer",
-        cmd,
-        artifacts / "perf_analyzer.log",
-        timeout_s=max_duration_s + STARTUP_ALLOWANCE_S,
-    )
+    run = run_logged("perf_analyzer", cmd, artifacts, max_duration_s)
     return read_records(run, export, parse)

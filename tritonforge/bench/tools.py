@@ -80,6 +80,17 @@ def run_tool(
     return ToolRun(name, code, time.monotonic() - started, log)
 
 
+def run_logged(
+    name: str, cmd: Sequence[str], artifacts: Path, max_duration_s: float, cwd: Path | None = None
+) -> ToolRun:
+    """One level's run of a load tool: its command line and log kept in ``artifacts``,
+    bounded by the level's duration plus the tool's start-up."""
+    (artifacts / "command.txt").write_text(" ".join(cmd) + "\n")
+    return run_tool(
+        name, cmd, artifacts / f"{name}.log", max_duration_s + STARTUP_ALLOWANCE_S, cwd=cwd
+    )
+
+
 def read_records(
     run: ToolRun, export: Path, parse: Callable[[Path], list[MeasuredRequest]]
 ) -> list[MeasuredRequest]:
