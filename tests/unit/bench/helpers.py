@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tritonforge.bench.contract import ContractError, parse_contract
+from tritonforge.bench.contract import Contract, ContractError, parse_contract
 from tritonforge.bench.environment import Environment, Machine, ModelIdentity
+from tritonforge.bench.results import RunResult, TargetResult
 
 
 def environment(**versions: dict[str, str]) -> Environment:
@@ -21,6 +22,25 @@ def environment(**versions: dict[str, str]) -> Environment:
         model=ModelIdentity(name="m", path="/m", sha256="0" * 64, files=1),
         serving_versions=versions.get("serving", {}),
         bench_versions=versions.get("bench", {}),
+    )
+
+
+def smoke_run(
+    contract: Contract, digest: str, targets: list[TargetResult], **fields: Any
+) -> RunResult:
+    """A finished closed-loop run of ``contract`` (the smoke contract) with ``targets``."""
+    return RunResult(
+        contract_name=contract.name,
+        contract_path="perf/contracts/smoke.yaml",
+        contract_sha256=digest,
+        overrides=[],
+        contract=contract.model_dump(mode="json", by_alias=True),
+        started_at="start",
+        finished_at="end",
+        load_mode="concurrency",
+        environment=environment(),
+        targets=targets,
+        **fields,
     )
 
 

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from tests.unit.bench.helpers import environment
+from tests.unit.bench.helpers import smoke_run
 from tritonforge.bench import report
 from tritonforge.bench.contract import Slo
 from tritonforge.bench.metrics import MeasuredRequest, summarize
@@ -76,17 +76,10 @@ def run_result(noisy: bool) -> RunResult:
         levels.append(m)
     ratio = Spread(median=0.99, min=0.97, max=1.02, rounds=3)
     verdict = "noisy" if noisy else "inconclusive"
-    return RunResult(
-        contract_name=contract.name,
-        contract_path="perf/contracts/smoke.yaml",
-        contract_sha256=digest,
-        overrides=[],
-        contract=contract.model_dump(mode="json", by_alias=True),
-        started_at="start",
-        finished_at="end",
-        load_mode="concurrency",
-        environment=environment(),
-        targets=[TargetResult(name="t", kind="triton", tool="aiperf", status="ok", levels=levels)],
+    return smoke_run(
+        contract,
+        digest,
+        [TargetResult(name="t", kind="triton", tool="aiperf", status="ok", levels=levels)],
         comparisons=[
             ComparisonResult(
                 target="t",

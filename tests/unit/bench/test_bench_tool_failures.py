@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.unit.bench.helpers import environment
+from tests.unit.bench.helpers import environment, smoke_run
 from tritonforge.bench import aiperf_driver, lifecycle, perf_analyzer_driver, report
 from tritonforge.bench import runner as runner_module
 from tritonforge.bench.aiperf_driver import HttpEndpoint
@@ -25,7 +25,7 @@ from tritonforge.bench.contract import Sampling, load_contract
 from tritonforge.bench.metrics import MeasuredRequest
 from tritonforge.bench.noise import RoundWatch
 from tritonforge.bench.offline_ceiling import OfflineCeiling
-from tritonforge.bench.results import RunResult, TargetResult
+from tritonforge.bench.results import TargetResult
 from tritonforge.bench.run_plan import LevelLoad, RunPlan
 from tritonforge.bench.runner import Runner
 from tritonforge.bench.tools import ToolError
@@ -224,19 +224,7 @@ def test_a_failed_level_is_recorded_and_the_next_level_still_runs(
     saved = json.loads(result.model_dump_json())["failed_levels"]["1 round 2"]
     assert saved["exit_code"] == 1 and "connection refused" in saved["log_tail"]
 
-    run = RunResult(
-        contract_name=contract.name,
-        contract_path="perf/contracts/smoke.yaml",
-        contract_sha256=digest,
-        overrides=[],
-        contract=contract.model_dump(mode="json", by_alias=True),
-        started_at="start",
-        finished_at="end",
-        load_mode="concurrency",
-        environment=environment(),
-        targets=[result],
-        comparisons=[],
-    )
+    run = smoke_run(contract, digest, [result], comparisons=[])
     text = report.render(run, [])
     assert "| 1 round 1 | failed: aiperf exited with code 1" in text
     assert "connection refused" in text
