@@ -206,6 +206,8 @@ class Runtime:
             for i in range(response_threads)
         ]
         self._metrics_lock = threading.Lock()  # the metrics sink is not thread-safe
+        self._queued = 0  # jobs posted and not finished yet
+        self._idle = threading.Condition()
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -239,6 +241,10 @@ class Runtime:
     def _stop_threads(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=30)
+        # A send job may post its request's next one: wait until none is left (bounded),
+        # so every request's FINAL goes out before the threads end.
+        with self._idle:
+            self._idle.wait_for(lambda: self._queued == 0, timeout=30)
         for _ in self._response_threads:
             self._jobs.put(None)
         for thread in self._response_threads:
@@ -289,6 +295,8 @@ class Runtime:
         entry.task = self._loop.create_task(self._serve(request_id, request, prepared, entry))
 
     def _post(self, job: Callable[[], None]) -> None:
+        with self._idle:
+            self._queued += 1
         self._jobs.put(job)
 
     def _send(
@@ -569,6 +577,11 @@ class Runtime:
                 job()
             except Exception as exc:
                 self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+            finally:
+                with self._idle:
+                    self._queued -= 1
+                    if self._queued == 0:
+                        self._idle.notify_all()
 
 
 async def _until(

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
-from tests.fakes import RecordingChannel, ScriptedEngine, serve_once
+from tests.fakes import (
+    RecordingChannel,
+    RecordingLogger,
+    RecordingMetrics,
+    ScriptedEngine,
+    serve_once,
+)
 from tritonforge.engines.base import EngineOutput, PreparedPrompt
 from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
+from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.sampling import SamplingParams
 from tritonforge.serving.schema import parse_request
 
@@ -170,3 +178,27 @@ def test_stream_parameters_are_read() -> None:
     assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True)
     parameters = {"stream_interval": "4", "stream_coalescing": "False"}
     assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False)
+
+
+class SlowSender(RecordingChannel):
+    def send(self, tensors, error, final) -> None:
+        time.sleep(0.002)
+        super().send(tensors, error, final)
+
+
+def test_stopping_sends_every_response_still_queued_and_the_final() -> None:
+    script = [EngineOutput(text="x", token_ids=[i]) for i in range(60)]
+    script[-1] = EngineOutput(text="x", token_ids=[59], finished=True, finish_reason="length")
+    channel = SlowSender()
+    metrics = RecordingMetrics()
+    runtime = Runtime(
+        ScriptedEngine(script),
+        metrics,
+        RecordingLogger(),
+        stream_policy=StreamPolicy(coalesce=False),
+        response_threads=2,
+    )
+    runtime.start()
+    runtime.submit(_request(), channel)
+    runtime.stop()  # the engine is done at once; most responses are still queued
+    assert len(channel.responses()) == 60 and channel.sent[-1][2]
