@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import serving
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, available_models
 
 #: Models the session server leaves out: their tests start a server of their own.
@@ -86,15 +87,8 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
         models=models,
         extra_args=os.environ.get("TRITONFORGE_TEST_SERVER_ARGS", "").split(),
     )
-    server.start()
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        pytest.fail(f"tritonserver did not become ready:\n{tail}", pytrace=False)
-    yield server
-    server.stop()
+    with serving(server, "tritonserver did not become ready"):
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -27,13 +27,8 @@ pytestmark = [pytest.mark.server, pytest.mark.last]
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("restart") / "server.log"
-    server = TritonServer.on_free_ports(models=[MODEL], log_path=log)
-    server.start()
-    try:
-        server.wait_ready()
+    with TritonServer.on_free_ports(models=[MODEL], log_path=log) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _ready(server) -> bool:

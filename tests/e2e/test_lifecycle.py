@@ -36,13 +36,8 @@ def own_server(tmp_path_factory: pytest.TempPathFactory):
     Triton 2.51 workaround W12, see docs/triton-2.51-workarounds.md.
     """
     log = tmp_path_factory.mktemp("lifecycle") / "server.log"
-    server = TritonServer.on_free_ports(models=[MODEL], log_path=log)
-    server.start()
-    try:
-        server.wait_ready()
+    with TritonServer.on_free_ports(models=[MODEL], log_path=log) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _model_processes(server, model: str) -> list[psutil.Process]:

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from tests.e2e.client import control_model, llm_inputs, model_state, stream, wait_for
+from tests.servers import serving
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer
 from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, gguf_path, models_dir
 from tritonforge.repo import cli
@@ -64,15 +65,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("generated-server") / "server.log"
     server = TritonServer.on_free_ports(repository=repository, models=MODELS, log_path=log)
-    server.start()
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        pytest.fail(f"the generated repository did not serve:\n{tail}", pytrace=False)
-    yield server
-    server.stop()
+    with serving(server, "the generated repository did not serve"):
+        yield server
 
 
 def test_the_generated_files_name_the_models_portably(repository: Path) -> None:
