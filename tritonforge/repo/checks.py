@@ -27,6 +27,7 @@ from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE
 from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
+from tritonforge.serving.admission import AdmissionSettings, model_defaults
 from tritonforge.serving.restarts import RestartPolicy
 
 #: Names that work as a directory, in Triton's URLs (/v2/models/<name>) and in metrics.
@@ -220,10 +221,11 @@ def _check_llm(
         report.error(
             f"config.pbtxt: parameter max_inflight must be a whole number >= 1, got {raw!r}"
         )
-    try:
-        RestartPolicy.from_parameters(params)
-    except ValueError as exc:
-        report.error(f"config.pbtxt: {exc}")
+    for check in (RestartPolicy.from_parameters, AdmissionSettings.from_parameters, model_defaults):
+        try:
+            check(params)
+        except ValueError as exc:  # RequestError too: a default_<key> the schema refuses
+            report.error(f"config.pbtxt: {exc}")
 
     version = latest_version(model_dir)
     if version is None:

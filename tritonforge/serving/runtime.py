@@ -37,6 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
+from tritonforge.serving.admission import Admission
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
@@ -180,8 +181,11 @@ class Runtime:
         shutdown_poll_s: float = 1.0,
         stream_policy: StreamPolicy | None = None,
         response_threads: int = RESPONSE_THREADS,
+        admission: Admission | None = None,
     ) -> None:
         self.engine = engine
+        #: SLO-aware admission (admission.py); None: every request within max_inflight runs.
+        self.admission = admission
         self.metrics = metrics
         self.logger = logger
         self.max_inflight = max_inflight
@@ -284,6 +288,8 @@ class Runtime:
                     "retry later"
                 )
             request_id = uuid.uuid4().hex
+            if self.admission is not None:  # raises SloUnattainable: refused at once
+                self.admission.admit(request_id, len(prepared.token_ids), request.sampling)
             deadline = Deadline.tightest(request.sampling.timeout_s, triton_timeout_s)
             entry = _Inflight(request_id, channel, Outbox(self.stream_policy), deadline)
             self._inflight[request_id] = entry
@@ -407,6 +413,8 @@ class Runtime:
         finally:
             with self._lock:
                 self._inflight.pop(request_id, None)
+            if self.admission is not None:
+                self.admission.release(request_id)
             # Every path above sent the FINAL; this only guards the one-FINAL rule.
             self._send(entry, None, EngineUnavailable("the request ended without an answer"), True)
 
@@ -426,6 +434,8 @@ class Runtime:
             if entry.cancelled:
                 return
             timing.saw(delta)
+            if self.admission is not None:
+                self.admission.saw_tokens(request_id, len(delta.token_ids))
             yield delta
 
     async def _stream(self, deltas: AsyncIterator[EngineOutput], entry: _Inflight) -> None:
@@ -526,6 +536,8 @@ class Runtime:
         """On the loop: end every request in flight, refuse new ones, tell the edge."""
         with self._lock:
             self._failure = cause
+        if self.admission is not None:
+            self.admission.reset()  # the engine that comes back is calibrated afresh
         ended = self._end_inflight(self._failure_error())
         self.logger.log_error(
             f"[tritonforge] engine failed: {cause}; ended {ended} request(s) in flight"
@@ -566,6 +578,8 @@ class Runtime:
     def _set_stats(self, stats: EngineStats) -> None:
         with self._metrics_lock:
             self.metrics.set_stats(stats)
+            if self.admission is not None:
+                self.admission.export()
 
     def _cancel(self, request_id: str, entry: _Inflight) -> None:
         entry.cancelled = True

@@ -22,6 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.engines.base import Engine
 from tritonforge.engines.config import load_engine_config
+from tritonforge.serving.admission import model_defaults
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.dialects import COMMON, Dialect
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
@@ -29,6 +30,7 @@ from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import parse_request
+from tritonforge.triton.admission_metrics import model_admission
 from tritonforge.triton.metrics import TritonMetrics
 from tritonforge.triton.reaper import start_reaper
 from tritonforge.triton.server_watch import watch_server
@@ -177,6 +179,8 @@ class LLMModel:
         self._restart_cause: str | None = None
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
         self.metrics.count_restarts(self.restarts.total())  # carried over from old stubs
+        self.defaults = model_defaults(parameters)  # default_slo_ttft_ms, …: checked at load
+        admission, self.admission_metrics = model_admission(pb_utils, engine, parameters, labels)
         # Whatever ends this stub, its engine's processes end with it (reaper.py).
         self._reaper = start_reaper()
         self.runtime = Runtime(
@@ -188,6 +192,7 @@ class LLMModel:
             on_engine_failure=self._engine_failed,
             shutdown_watch=watch_server(),
             stream_policy=StreamPolicy.from_parameters(parameters),
+            admission=admission,
         )
         self.runtime.start()
 
@@ -243,7 +248,9 @@ class LLMModel:
             try:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 inputs, dialect_sampling = self.dialect.translate(raw)
-                parsed = parse_request(inputs, _request_parameters(request), dialect_sampling)
+                parsed = parse_request(
+                    inputs, _request_parameters(request), dialect_sampling, self.defaults
+                )
                 self.runtime.submit(parsed, channel, triton_timeout_s(request))
             except (RequestError, EngineBusy, EngineUnavailable) as exc:
                 channel.send(None, exc, True)
@@ -255,6 +262,8 @@ class LLMModel:
     def finalize(self) -> None:
         self.runtime.stop()  # the response thread is done: nothing records any more
         self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
+        if self.admission_metrics is not None:
+            self.admission_metrics.close()
         if self._restart_cause is not None and self.restart_policy.max_restarts > 0:
             self._restart()
 

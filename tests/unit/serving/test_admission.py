@@ -1,0 +1,230 @@
+"""SLO admission: the predictor and the rule, replayed on engine timelines (no server).
+
+``data/vllm_timeline.json`` was recorded from vllm_model under open-loop Poisson
+arrivals (perf/record_timeline.py): each request's arrival, prompt tokens and the time
+of every token. Replaying it through :class:`Admission` with the timeline's clock shows
+what the predictor learns from a real engine; small hand-made timelines pin the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tritonforge.serving.admission import (
+    ADMITTED,
+    NO_SLO,
+    REFUSED_TPOT,
+    REFUSED_TTFT,
+    Admission,
+    AdmissionSettings,
+    LatencyPredictor,
+    SloUnattainable,
+    model_defaults,
+)
+from tritonforge.serving.errors import EngineBusy, RequestError
+from tritonforge.serving.sampling import SamplingParams
+
+TIMELINE = Path(__file__).parent / "data" / "vllm_timeline.json"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay(timeline: list[dict], admission: Admission, clock: Clock) -> None:
+    """Feed a recorded timeline's events to ``admission`` in time order (all admitted)."""
+    events: list[tuple[float, int, str, int]] = []  # time, order, request id, tokens
+    for i, row in enumerate(timeline):
+        events.append((row["arrival"], 0, f"r{i}", row["prompt_tokens"]))
+        for t in row["token_times"]:
+            events.append((t, 1, f"r{i}", 1))
+        events.append((row["token_times"][-1], 2, f"r{i}", 0))
+    for when, kind, request_id, value in sorted(events):
+        clock.now = when
+        if kind == 0:
+            admission.admit(request_id, value, SamplingParams())
+        elif kind == 1:
+            admission.saw_tokens(request_id, value)
+        else:
+            admission.release(request_id)
+
+
+def recorded() -> list[dict]:
+    return json.loads(TIMELINE.read_text())["requests"]
+
+
+# --- the predictor on a real engine's timeline -------------------------------------
+
+
+def test_replayed_vllm_timeline_calibrates_prefill_and_decode() -> None:
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="observe"), clock=clock)
+    replay(recorded(), admission, clock)
+    predictor = admission.predictor
+    assert predictor.samples == len(recorded())
+    assert predictor.prefill_s_per_token is not None and predictor.prefill_s_per_token > 0
+    assert predictor.step_s and all(s > 0 for s in predictor.step_s.values())
+
+
+def test_ttft_prediction_error_on_the_recorded_timeline_is_reported() -> None:
+    """Every request admitted with a prediction leaves one error sample for the metrics.
+
+    The recorded timeline is a deeply overloaded two-core host (TTFT p50 29 s, decode
+    steps of 0.3-4 s as other work came and went); the median error after the first
+    third was 0.32 when recorded. The contract's 20 % target is judged by
+    perf/contracts/overload.yaml on a quiet host; this test holds the replay to 0.5.
+    """
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="observe"), clock=clock)
+    replay(recorded(), admission, clock)
+    errors = admission.snapshot().ttft_errors
+    # the requests that arrived before any first token had nothing to go on
+    assert len(recorded()) - 3 <= len(errors) < len(recorded())
+    assert statistics.median(errors[len(errors) // 3 :]) < 0.5
+    assert admission.snapshot().ttft_errors == []  # drained by the first snapshot
+
+
+def test_a_request_behind_the_recorded_queue_with_a_tight_slo_is_refused() -> None:
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="on", min_samples=4), clock=clock)
+    rows = recorded()
+    replay(rows[:20], admission, clock)
+    for i in range(8):  # a burst of long prompts queues prefill work
+        admission.admit(f"burst{i}", 300, SamplingParams())
+    with pytest.raises(SloUnattainable, match=r"predicted TTFT \d+ ms exceeds slo_ttft_ms 50 ms"):
+        admission.admit("urgent", 100, SamplingParams(slo_ttft_ms=50))
+    admission.admit("patient", 100, SamplingParams())  # no SLO: never refused by this rule
+    snapshot = admission.snapshot()
+    assert snapshot.decisions[REFUSED_TTFT] == 1
+    assert snapshot.decisions[NO_SLO] >= 1
+
+
+# --- the rule on hand-made timelines ------------------------------------------------
+
+
+def calibrated(mode: str = "on", step_s: float = 0.05, per_token_s: float = 0.001) -> Admission:
+    admission = Admission(AdmissionSettings(mode=mode, min_samples=1, margin=0.1))
+    admission.predictor.prefill_s_per_token = per_token_s
+    admission.predictor.step_s = {1: step_s, 4: step_s * 2}
+    admission.predictor.samples = 10
+    return admission
+
+
+def test_prediction_counts_the_prefill_queued_ahead() -> None:
+    admission = calibrated()
+    admission.admit("a", 1000, SamplingParams())
+    # ahead 1000 + own 100 tokens at 1 ms, plus a step at batch 1 (nothing decoding yet)
+    assert admission.predictor.ttft(1100, 1) == pytest.approx(1.1 + 0.05)
+    with pytest.raises(SloUnattainable) as refused:
+        admission.admit("b", 100, SamplingParams(slo_ttft_ms=1000))
+    assert isinstance(refused.value, EngineBusy)  # the edge answers UNAVAILABLE
+    assert "slo_ttft_ms 1000 ms" in str(refused.value) and "predicted TTFT 1150 ms" in str(
+        refused.value
+    )
+    assert refused.value.retry_after_s >= 1
+
+
+def test_margin_keeps_a_reserve_of_the_slo() -> None:
+    admission = calibrated()  # predicted 0.15 s for 100 tokens
+    admission.admit("fits", 100, SamplingParams(slo_ttft_ms=200))
+    admission.release("fits")
+    with pytest.raises(SloUnattainable):  # 150 ms > 160 ms * 0.9
+        admission.admit("tight", 100, SamplingParams(slo_ttft_ms=160))
+
+
+def test_joining_a_batch_that_would_break_a_running_tpot_slo_is_refused() -> None:
+    admission = calibrated(step_s=0.05)  # step: 50 ms at 1, 100 ms at 4, linear between
+    admission.admit("running", 10, SamplingParams(slo_tpot_ms=80))
+    admission.saw_tokens("running", 1)
+    admission.admit("second", 10, SamplingParams(slo_ttft_ms=5000))  # step(2) = 66.7 ms
+    admission.saw_tokens("second", 1)
+    with pytest.raises(SloUnattainable, match="predicted TPOT 83 ms exceeds slo_tpot_ms 80"):
+        admission.admit("third", 10, SamplingParams(slo_ttft_ms=5000))
+    assert admission.snapshot().decisions[REFUSED_TPOT] == 1
+    admission.admit("no-slo", 10, SamplingParams())  # never refused by this rule
+
+
+def test_nothing_is_refused_before_calibration_or_when_observing() -> None:
+    cold = Admission(AdmissionSettings(mode="on", min_samples=3))
+    for i in range(5):
+        cold.admit(f"r{i}", 2000, SamplingParams(slo_ttft_ms=1))
+    watching = calibrated(mode="observe")
+    watching.admit("big", 10_000, SamplingParams())
+    watching.admit("tight", 100, SamplingParams(slo_ttft_ms=1))
+    assert watching.snapshot().decisions[ADMITTED] == 1
+
+
+def test_a_refused_request_leaves_no_trace_and_a_released_one_frees_its_work() -> None:
+    admission = calibrated()
+    admission.admit("a", 5000, SamplingParams())
+    with pytest.raises(SloUnattainable):
+        admission.admit("b", 10, SamplingParams(slo_ttft_ms=100))
+    admission.release("a")
+    admission.admit("b", 10, SamplingParams(slo_ttft_ms=100))  # the queue is gone
+
+
+def test_reset_forgets_the_calibration() -> None:
+    admission = calibrated()
+    admission.reset()
+    assert admission.predictor.samples == 0 and admission.predictor.ttft(10, 1) is None
+
+
+def test_step_time_interpolates_and_extends_the_sizes_seen() -> None:
+    predictor = LatencyPredictor()
+    assert predictor.step(3) is None
+    predictor.observe_step(2, 0.1)
+    assert predictor.step(8) == pytest.approx(0.1)  # one size: at least that
+    predictor.observe_step(4, 0.2)
+    assert predictor.step(3) == pytest.approx(0.15)
+    assert predictor.step(6) == pytest.approx(0.3)
+    assert predictor.step(1) == pytest.approx(0.05)
+
+
+def test_snapshot_exports_counters_and_the_typical_prediction() -> None:
+    exported = []
+    admission = Admission(AdmissionSettings(mode="observe"), exporter=exported.append)
+    admission.predictor.prefill_s_per_token = 0.002
+    admission.admit("a", 10, SamplingParams(slo_ttft_ms=100))
+    admission.export()
+    (snapshot,) = exported
+    assert snapshot.decisions[ADMITTED] == 1
+    assert snapshot.typical_ttft_s == pytest.approx((10 + 256) * 0.002)
+
+
+# --- settings and model defaults -----------------------------------------------------
+
+
+def test_settings_from_parameters() -> None:
+    assert AdmissionSettings.from_parameters({}).mode == "off"
+    settings = AdmissionSettings.from_parameters(
+        {"admission": "on", "admission_margin": "0.2", "admission_min_samples": "3"}
+    )
+    assert settings.enabled and settings.margin == 0.2 and settings.min_samples == 3
+
+
+@pytest.mark.parametrize(
+    ("parameters", "named"),
+    [
+        ({"admission": "maybe"}, "parameters.admission:"),
+        ({"admission_margin": "1.5"}, "parameters.admission_margin: must be in [0, 1)"),
+        ({"admission_min_samples": "x"}, "parameters.admission_min_samples:"),
+    ],
+)
+def test_bad_settings_name_the_parameter(parameters: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=f"^{named}".replace("[", r"\[").replace(")", r"\)")):
+        AdmissionSettings.from_parameters(parameters)
+
+
+def test_model_defaults_are_typed_and_validated() -> None:
+    defaults = model_defaults({"default_slo_ttft_ms": "500", "default_priority": "-3"})
+    assert defaults == {"slo_ttft_ms": 500.0, "priority": -3}
+    with pytest.raises(RequestError, match=r"parameters\.default_slo_tpot_ms: must be a positive"):
+        model_defaults({"default_slo_tpot_ms": "0"})

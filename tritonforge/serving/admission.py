@@ -1,0 +1,329 @@
+"""SLO-aware admission: predict a request's latency from what the engine just did, and
+refuse at once the requests whose promises cannot be kept.
+
+Past saturation an engine that admits everything lets its queue grow until every
+request misses its time to first token (TTFT) and goodput falls to zero while
+throughput looks fine. A request refused in a millisecond can go to another replica;
+one admitted into a queue it cannot leave in time is lost for everyone.
+
+:class:`LatencyPredictor` is calibrated online from the runtime's own timings (the
+engine's stats add the running batch it reports): an EWMA of the seconds one prompt
+token of queued prefill work costs, and an EWMA of the decode step time for each
+running batch size, interpolated linearly between the sizes seen. For an arriving
+request with ``prompt`` tokens, ``ahead`` tokens of prefill still queued before it and
+``batch`` requests running:
+
+* predicted TTFT = (ahead + prompt) * prefill seconds per token + step(batch + 1)
+* predicted TPOT of everyone once it joins = step(batch + 1)
+
+:class:`Admission` applies the rule: a request with an SLO is refused when its
+predicted TTFT exceeds ``slo_ttft_ms`` less the margin, or when the step after it
+joins exceeds (less the margin) its own ``slo_tpot_ms`` or that of any request running.
+A request without an SLO is never refused here; nothing is refused before the
+predictor has seen ``min_samples`` first tokens (it could not say why). The model's
+runtime owns one and drops it with the engine, so a restarted engine starts afresh.
+
+Pure: no Triton types, no engine types, thread-safe (``submit`` runs on Triton's thread,
+observations on the engine loop); unit-tested against recorded engine timelines.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonforge.serving.errors import EngineBusy
+from tritonforge.serving.sampling import SamplingParams, parse_sampling_value
+
+#: Sampling keys a model may default in config.pbtxt as ``default_<key>`` parameters.
+MODEL_DEFAULT_KEYS = ("slo_ttft_ms", "slo_tpot_ms", "priority")
+
+#: Why a request was admitted or refused: the label of the admission counter.
+ADMITTED, NO_SLO, REFUSED_TTFT, REFUSED_TPOT = "admitted", "no_slo", "refused_ttft", "refused_tpot"
+DECISIONS = (ADMITTED, NO_SLO, REFUSED_TTFT, REFUSED_TPOT)
+MODES = ("off", "observe", "on")
+#: TTFT errors kept between two metrics snapshots (older ones are dropped).
+MAX_PENDING_ERRORS = 4096
+
+
+class SloUnattainable(EngineBusy):
+    """The request's SLO cannot be met now (UNAVAILABLE; the OpenAI frontend: 429).
+
+    The message names the prediction and the SLO, and says when to retry, so a client or
+    a load balancer can go elsewhere at once.
+    """
+
+    def __init__(self, what: str, predicted_ms: float, slo_ms: float, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"SLO admission refused the request: predicted {what} {predicted_ms:.0f} ms "
+            f"exceeds slo_{what.lower()}_ms {slo_ms:g} ms; retry after {retry_after_s} s "
+            "or on another replica"
+        )
+
+
+def model_defaults(parameters: Mapping[str, str]) -> dict[str, Any]:
+    """A model's ``default_<key>`` parameters as typed sampling values (validated at load)."""
+    return {
+        key: parse_sampling_value(key, parameters[f"default_{key}"], f"parameters.default_{key}")
+        for key in MODEL_DEFAULT_KEYS
+        if parameters.get(f"default_{key}", "").strip()
+    }
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """config.pbtxt parameters ``admission`` and ``admission_*``.
+
+    ``admission`` is ``off`` (the default: no prediction, nothing refused), ``observe``
+    (predict and export the metrics, refuse nothing: how to judge a model before turning
+    it on) or ``on``.
+    """
+
+    mode: str = "off"
+    #: Fraction of each SLO kept in reserve: refuse when the prediction exceeds
+    #: SLO * (1 - margin). 0.1 absorbs the predictor's usual error.
+    margin: float = 0.1
+    #: First tokens observed before the predictor may refuse anything.
+    min_samples: int = 8
+    #: Weight of the newest observation in each EWMA.
+    alpha: float = 0.2
+    #: Prompt tokens of "a typical request", for the predicted-TTFT gauge.
+    typical_prompt_tokens: int = 256
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> AdmissionSettings:
+        """Read ``admission`` and ``admission_<field>``; errors name the parameter."""
+        mode = parameters.get("admission", "off").strip().lower() or "off"
+        if mode not in MODES:
+            raise ValueError(f"parameters.admission: must be one of {MODES}, got {mode!r}")
+        values: dict[str, Any] = {"mode": mode}
+        for name, kind, ok, rule in (
+            ("margin", float, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("min_samples", int, lambda v: v >= 1, ">= 1"),
+            ("alpha", float, lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("typical_prompt_tokens", int, lambda v: v >= 1, ">= 1"),
+        ):
+            text = parameters.get(f"admission_{name}", "").strip()
+            if not text:
+                continue
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            if value is None or not ok(value):
+                raise ValueError(f"parameters.admission_{name}: must be {rule}, got {text!r}")
+            values[name] = value
+        return cls(**values)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether requests may be refused (``on``)."""
+        return self.mode == "on"
+
+
+def _ewma(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else old + alpha * (new - old)
+
+
+@dataclass
+class LatencyPredictor:
+    """Prefill cost per token and decode step time by batch size, both EWMAs."""
+
+    alpha: float = 0.2
+    prefill_s_per_token: float | None = None
+    step_s: dict[int, float] = field(default_factory=dict)
+    samples: int = 0
+
+    def observe_first_token(self, work_tokens: int, ttft_s: float, batch: int) -> None:
+        """A request's first token came ``ttft_s`` after arrival with ``work_tokens`` of
+        prefill (its own and what was queued before it) and ``batch`` running beside it."""
+        step = self.step(batch) or 0.0
+        per_token = max(ttft_s - step, 0.0) / max(work_tokens, 1)
+        self.prefill_s_per_token = _ewma(self.prefill_s_per_token, per_token, self.alpha)
+        self.samples += 1
+
+    def observe_step(self, batch: int, seconds: float) -> None:
+        """One decode step (the gap between two tokens of a request) at ``batch`` running."""
+        if batch >= 1 and seconds >= 0:
+            self.step_s[batch] = _ewma(self.step_s.get(batch), seconds, self.alpha)
+
+    def step(self, batch: int) -> float | None:
+        """Step time at ``batch``: seen, else linear between/beyond the nearest sizes seen."""
+        if batch in self.step_s:
+            return self.step_s[batch]
+        sizes = sorted(self.step_s)
+        if not sizes:
+            return None
+        if len(sizes) == 1:  # one size seen: a step costs at least that
+            return self.step_s[sizes[0]]
+        below = [s for s in sizes if s < batch] or sizes[:1]
+        above = [s for s in sizes if s > batch] or sizes[-1:]
+        lo, hi = below[-1], above[0]
+        if lo == hi:  # beyond the sizes seen: extend the last two
+            lo, hi = (sizes[-2], sizes[-1]) if batch > sizes[-1] else (sizes[0], sizes[1])
+        slope = (self.step_s[hi] - self.step_s[lo]) / (hi - lo)
+        return max(self.step_s[lo] + slope * (batch - lo), 0.0)
+
+    def ttft(self, work_tokens: int, batch: int) -> float | None:
+        """Predicted TTFT of a request with ``work_tokens`` of prefill to wait for."""
+        if self.prefill_s_per_token is None:
+            return None
+        return work_tokens * self.prefill_s_per_token + (self.step(batch) or 0.0)
+
+
+@dataclass
+class _Tracked:
+    """One admitted request, as admission sees it."""
+
+    prompt_tokens: int
+    work_tokens: int  # its prompt and the prefill queued before it at arrival
+    arrived: float
+    predicted_ttft_s: float | None
+    slo_tpot_s: float | None
+    last_token_at: float | None = None
+
+
+@dataclass
+class AdmissionSnapshot:
+    """What the metrics export: counters so far, errors since the last snapshot, gauge."""
+
+    decisions: dict[str, int]
+    ttft_errors: list[float]
+    typical_ttft_s: float | None
+
+
+class Admission:
+    """The admission rule over one engine's requests (one per model instance)."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        clock: Callable[[], float] = time.monotonic,
+        engine_running: Callable[[], int] = lambda: 0,
+        exporter: Callable[[AdmissionSnapshot], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._exporter = exporter
+        self._clock = clock
+        self._engine_running = engine_running
+        self._lock = threading.Lock()
+        self._requests: dict[str, _Tracked] = {}
+        self._decisions = dict.fromkeys(DECISIONS, 0)
+        self._errors: list[float] = []
+        self.predictor = LatencyPredictor(settings.alpha)
+
+    def reset(self) -> None:
+        """Forget the calibration (the engine restarted: its speed is news again)."""
+        with self._lock:
+            self.predictor = LatencyPredictor(self.settings.alpha)
+            self._requests.clear()
+
+    def _queued_and_batch(self) -> tuple[int, int]:
+        """Prefill tokens not yet served, and requests the engine is decoding (locked)."""
+        queued = sum(r.prompt_tokens for r in self._requests.values() if r.last_token_at is None)
+        decoding = sum(1 for r in self._requests.values() if r.last_token_at is not None)
+        return queued, max(decoding, self._engine_running())
+
+    def admit(self, request_id: str, prompt_tokens: int, sampling: SamplingParams) -> None:
+        """Register the request, or raise :class:`SloUnattainable` naming the prediction."""
+        ttft_slo = _seconds(sampling.slo_ttft_ms)
+        tpot_slo = _seconds(sampling.slo_tpot_ms)
+        with self._lock:
+            queued, batch = self._queued_and_batch()
+            work = queued + prompt_tokens
+            predicted = self.predictor.ttft(work, batch + 1)
+            if ttft_slo is None and tpot_slo is None:
+                decision = NO_SLO
+            else:
+                decision = self._judge(predicted, ttft_slo, tpot_slo, batch + 1)
+            self._decisions[decision] += 1
+            if decision in (ADMITTED, NO_SLO):
+                self._requests[request_id] = _Tracked(
+                    prompt_tokens, work, self._clock(), predicted, tpot_slo
+                )
+                return
+        self._refuse(decision, predicted, ttft_slo, tpot_slo, batch + 1)
+
+    def _judge(
+        self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
+    ) -> str:
+        """ADMITTED, or the reason to refuse (locked; the predictor must be calibrated)."""
+        if not self.settings.enabled or self.predictor.samples < self.settings.min_samples:
+            return ADMITTED
+        keep = 1.0 - self.settings.margin
+        if ttft_slo is not None and predicted is not None and predicted > ttft_slo * keep:
+            return REFUSED_TTFT
+        step = self.predictor.step(batch)
+        tightest = min(
+            [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
+            + ([tpot_slo] if tpot_slo is not None else []),
+            default=None,
+        )
+        if step is not None and tightest is not None and step > tightest * keep:
+            return REFUSED_TPOT
+        return ADMITTED
+
+    def _refuse(
+        self,
+        decision: str,
+        predicted: float | None,
+        ttft_slo: float | None,
+        tpot_slo: float | None,
+        batch: int,
+    ) -> None:
+        if decision == REFUSED_TTFT:
+            assert predicted is not None and ttft_slo is not None
+            retry = math.ceil(max(predicted - ttft_slo, 1.0))
+            raise SloUnattainable("TTFT", predicted * 1000, ttft_slo * 1000, retry)
+        step = self.predictor.step(batch) or 0.0
+        with self._lock:
+            slos = [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
+        tightest = min([*slos, *([tpot_slo] if tpot_slo is not None else [])])
+        raise SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
+
+    def saw_tokens(self, request_id: str, count: int) -> None:
+        """The engine produced ``count`` tokens of the request: calibrate on them."""
+        if count <= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            tracked = self._requests.get(request_id)
+            if tracked is None:
+                return
+            _, batch = self._queued_and_batch()
+            if tracked.last_token_at is None:
+                ttft = now - tracked.arrived
+                self.predictor.observe_first_token(tracked.work_tokens, ttft, max(batch, 1))
+                if tracked.predicted_ttft_s is not None and ttft > 0:
+                    del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
+                    self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
+            else:
+                self.predictor.observe_step(batch, (now - tracked.last_token_at) / count)
+            tracked.last_token_at = now
+
+    def release(self, request_id: str) -> None:
+        """The request ended (any way): it no longer waits nor runs."""
+        with self._lock:
+            self._requests.pop(request_id, None)
+
+    def export(self) -> None:
+        """Hand a snapshot to the exporter (the metrics), if there is one."""
+        if self._exporter is not None:
+            self._exporter(self.snapshot())
+
+    def snapshot(self) -> AdmissionSnapshot:
+        """Counters so far, the TTFT errors since the last call, the typical prediction."""
+        with self._lock:
+            queued, batch = self._queued_and_batch()
+            typical = self.predictor.ttft(queued + self.settings.typical_prompt_tokens, batch + 1)
+            errors, self._errors = self._errors, []
+            return AdmissionSnapshot(dict(self._decisions), errors, typical)
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds is None else milliseconds / 1000.0
