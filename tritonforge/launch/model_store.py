@@ -90,11 +90,10 @@ def convert(source: Path, target: Path) -> None:
         steps.set_postfix_str("bfloat16")
         # The GGUF loader tags the model as quantised; the tensors are already plain
         # floats, and vLLM must not look for a quantisation method.
-        model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module types attributes as Tensor | Module
+        model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's attribute typing
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        # transformers' decorator on to() hides its signature from mypy
-        model = model.to(torch.bfloat16)  # type: ignore[arg-type]
+        model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # to()'s decorator hides it
         steps.update()
         steps.set_postfix_str("saving")
         model.save_pretrained(staging)
