@@ -102,12 +102,13 @@ class AdmissionSettings:
         if mode not in MODES:
             raise ValueError(f"parameters.admission: must be one of {MODES}, got {mode!r}")
         values: dict[str, Any] = {"mode": mode}
-        for name, kind, ok, rule in (
+        rules: tuple[tuple[str, Callable[[str], float], Callable[[float], bool], str], ...] = (
             ("margin", float, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("min_samples", int, lambda v: v >= 1, ">= 1"),
             ("alpha", float, lambda v: 0 < v <= 1, "in (0, 1]"),
             ("typical_prompt_tokens", int, lambda v: v >= 1, ">= 1"),
-        ):
+        )
+        for name, kind, ok, rule in rules:
             text = parameters.get(f"admission_{name}", "").strip()
             if not text:
                 continue
