@@ -67,7 +67,7 @@ from tritonforge.engines.llamacpp_slots import (
     may_join,
 )
 from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
-from tritonforge.engines.text_stream import TextStream
+from tritonforge.engines.text_stream import TextStream, TokenDecoding
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
 
@@ -155,43 +155,6 @@ class _Job:
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
 
-@dataclass
-class _Decoding:
-    """One running request's text and progress (the worker thread's only)."""
-
-    params: SamplingParams
-    pieces: list[bytes]
-    ends_generation: np.ndarray
-    stream: TextStream
-    limit: int  # max_tokens; Engine.prepare already checked it fits the context
-    generated: int = 0
-    cumulative_logprob: float | None = None
-
-    def advance(self, token: int) -> tuple[str, str | None]:
-        """Count ``token``; the text it adds and, if it ends the request, why."""
-        self.generated += 1
-        params, piece = self.params, self.pieces[token]
-        is_stop_token = token in params.stop_token_ids
-        if self.ends_generation[token] or is_stop_token:
-            # An end token adds no text (as in vLLM) unless it is a stop token the
-            # client asked to see.
-            text = ""
-            if is_stop_token and params.include_stop_str_in_output:
-                text = self.stream.add(piece).text
-            return text + self.stream.finish().text, "stop"
-        delta = self.stream.add(piece)
-        if delta.stop is not None:
-            return delta.text, "stop"
-        if self.generated >= self.limit:
-            end = self.stream.finish()
-            return delta.text + end.text, "stop" if end.stop is not None else "length"
-        return delta.text, None
-
-    def forbids_end(self) -> bool:
-        """End tokens may not be sampled yet (ignore_eos, or min_tokens not reached)."""
-        return self.params.ignore_eos or self.generated < self.params.min_tokens
-
-
 def _sampler_chain(params: SamplingParams, grammar: str | None, vocab: Any, last_n: int) -> Any:
     """A llama.cpp sampler chain for one sequence, in ``Llama``'s own order.
 
@@ -226,7 +189,7 @@ class _Sequence:
 
     job: _Job
     slot: Slot
-    decoding: _Decoding
+    decoding: TokenDecoding
     sampler: Any  # llama.cpp sampler chain, freed when the sequence leaves
     evaluated: int  # prompt tokens whose KV the slot holds
     token: int | None = None  # sampled, not yet evaluated
@@ -555,7 +518,7 @@ class LlamaCppEngine(Engine):
         self._on_context = adapter
         self._ctx.forget(slot.seq_id, reuse)  # the cached tail this prompt does not share
         params = job.sampling
-        decoding = _Decoding(
+        decoding = TokenDecoding(
             params=params,
             pieces=self._vocab.pieces(params.skip_special_tokens),
             ends_generation=self._vocab.ends_generation,
@@ -631,30 +594,14 @@ class LlamaCppEngine(Engine):
         # Logprobs are the model's, read before end tokens are masked for sampling.
         raw = row.astype(np.float64) if decoding.params.logprobs is not None else None
         if decoding.forbids_end():
-            row[decoding.ends_generation] = -np.inf
+            row[self._vocab.ends_generation] = -np.inf
         token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx.ctx, index)
-        output = self._output(decoding, token, raw)
+        logprob = None if raw is None else self._logprobs(raw, token, decoding.params.logprobs or 0)
+        output = decoding.output(token, logprob)
         sequence.token = None if output.finished else token
         sequence.job.deliver(output)
         if output.finished:
             self._leave(sequence)
-
-    def _output(self, decoding: _Decoding, token: int, raw: np.ndarray | None) -> EngineOutput:
-        """The delta for one sampled token."""
-        logprobs = None
-        if raw is not None:
-            entry, chosen = self._logprobs(raw, token, decoding.params.logprobs or 0)
-            logprobs = [entry]
-            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
-        text, reason = decoding.advance(token)
-        return EngineOutput(
-            text=text,
-            token_ids=[token],
-            logprobs=logprobs,
-            cumulative_logprob=decoding.cumulative_logprob,
-            finished=reason is not None,
-            finish_reason=reason,
-        )
 
     def _logprobs(self, logits: np.ndarray, token: int, top: int) -> tuple[PositionLogprobs, float]:
         logprobs = logits - logits.max()

@@ -343,20 +343,10 @@ class SyntheticEngine(HFTokenizedEngine):
             token = vocab.eos
         else:
             token = vocab.drawable[sequence.rng.randrange(len(vocab.drawable))]
-        logprobs = None
+        logprob = None
         if params.logprobs is not None:
-            entry, chosen = self._logprobs(sequence, token, params.logprobs)
-            logprobs = [entry]
-            decoding.cumulative_logprob = (decoding.cumulative_logprob or 0.0) + chosen
-        text, reason = decoding.advance(token)
-        return EngineOutput(
-            text=text,
-            token_ids=[token],
-            logprobs=logprobs,
-            cumulative_logprob=decoding.cumulative_logprob,
-            finished=reason is not None,
-            finish_reason=reason,
-        )
+            logprob = self._logprobs(sequence, token, params.logprobs)
+        return decoding.output(token, logprob)
 
     def _logprobs(
         self, sequence: SyntheticSequence, token: int, top: int

@@ -22,6 +22,7 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tritonforge.engines.base import EngineOutput, PositionLogprobs
 from tritonforge.serving.sampling import SamplingParams
 
 
@@ -131,3 +132,27 @@ class TokenDecoding:
             end = self.stream.finish()
             return delta.text + end.text, "stop" if end.stop is not None else "length"
         return delta.text, None
+
+    def output(
+        self, token: int, logprob: tuple[PositionLogprobs, float] | None = None
+    ) -> EngineOutput:
+        """The delta for one sampled token: its text, its logprobs (the position's entry
+        and the chosen token's logprob, when asked for) and whether it ends the request."""
+        logprobs = None
+        if logprob is not None:
+            entry, chosen = logprob
+            logprobs = [entry]
+            self.cumulative_logprob = (self.cumulative_logprob or 0.0) + chosen
+        text, reason = self.advance(token)
+        return EngineOutput(
+            text=text,
+            token_ids=[token],
+            logprobs=logprobs,
+            cumulative_logprob=self.cumulative_logprob,
+            finished=reason is not None,
+            finish_reason=reason,
+        )
+
+    def forbids_end(self) -> bool:
+        """End tokens may not be sampled yet (ignore_eos, or min_tokens not reached)."""
+        return self.params.ignore_eos or self.generated < self.params.min_tokens
