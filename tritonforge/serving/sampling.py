@@ -169,12 +169,18 @@ def _as_token_ids(name: str, value: Any) -> tuple[int, ...]:
     return ids
 
 
+def _json_in_text(where: str, value: Any, problem: str) -> Any:
+    """``value``, or the JSON it spells when it is a string; bad JSON names ``where``."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RequestError(where, f"{problem}: {exc.msg}") from None
+
+
 def _as_structured(name: str, value: Any) -> StructuredOutput:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RequestError(name, f"expected a JSON object: {exc.msg}") from None
+    value = _json_in_text(name, value, "expected a JSON object")
     if not isinstance(value, dict):
         raise RequestError(name, f"expected an object with one of {STRUCTURED_KINDS}")
     kinds = [k for k in value if k in STRUCTURED_KINDS]
@@ -193,11 +199,7 @@ def _as_structured(name: str, value: Any) -> StructuredOutput:
     spec = value[kind]
     where = f"{name}.{kind}"
     if kind == "json":
-        if isinstance(spec, str):
-            try:
-                spec = json.loads(spec)
-            except json.JSONDecodeError as exc:
-                raise RequestError(where, f"not valid JSON: {exc.msg}") from None
+        spec = _json_in_text(where, spec, "not valid JSON")
         if not isinstance(spec, dict):
             raise RequestError(where, "expected a JSON schema object")
     elif kind in ("regex", "grammar"):
