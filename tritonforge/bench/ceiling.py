@@ -20,6 +20,7 @@ Results go to ``perf/results/<name>/<UTC timestamp>/`` (``results.json``, ``repo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -85,6 +86,9 @@ class CeilingLoad(Strict):
     warmup_requests: int = Field(default=4, ge=0)
     rounds: int = Field(default=3, ge=1)
     max_duration_s: float = Field(gt=0, description="a level stops sending new requests past it")
+    request_timeout_s: float = Field(
+        default=60, gt=0, description="a request still streaming after this is an error"
+    )
     quiet_window_s: float = Field(default=1.0, ge=0)
     max_foreign_cpu_share: float = Field(default=0.10, gt=0, le=1)
 
@@ -210,10 +214,13 @@ async def drive(
                     return
                 record = StreamRecord(start=time.perf_counter())
                 records.append(record)
+                prompt = f"{index}. {load.prompt}"
                 try:
-                    await worker.send(f"{index}. {load.prompt}", load.output_tokens, record)
+                    sending = worker.send(prompt, load.output_tokens, record)
+                    await asyncio.wait_for(sending, load.request_timeout_s)
                 except Exception as exc:  # a failed request is a result, not the end
-                    record.error = f"{type(exc).__name__}: {exc}"[:300]
+                    record.error = describe_failure(exc, record, load.request_timeout_s)
+                    await close_quietly(worker)
                     worker = client.worker()
                 record.end = time.perf_counter()
         finally:
@@ -224,6 +231,18 @@ async def drive(
     finally:
         await client.close()
     return records
+
+
+def describe_failure(exc: BaseException, record: StreamRecord, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no end of stream within {timeout_s:g} s ({record.tokens} tokens had arrived)"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def close_quietly(worker: Any) -> None:
+    """Drop a slot's connection after a failure; the next request opens a new one."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(worker.close(), 5)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

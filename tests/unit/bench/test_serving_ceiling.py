@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc import service_pb2
 
+from tritonforge.bench import ceiling
 from tritonforge.bench.ceiling import (
     assemble_repository,
     load_ceiling_contract,
@@ -15,7 +17,13 @@ from tritonforge.bench.ceiling import (
     summarize,
 )
 from tritonforge.bench.contract import ContractError
-from tritonforge.bench.stream_clients import StreamRecord, grpc_request, response_tokens
+from tritonforge.bench.stream_clients import (
+    Client,
+    StreamRecord,
+    Worker,
+    grpc_request,
+    response_tokens,
+)
 
 CONTRACT = Path(__file__).resolve().parents[3] / "perf" / "contracts" / "serving-ceiling.yaml"
 
@@ -88,3 +96,30 @@ def test_rotation_and_percentiles() -> None:
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile(list(range(101)), 0.99) == 99
+
+
+def test_a_stream_that_never_ends_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Silent(Worker):
+        async def send(self, prompt: str, max_tokens: int, record: StreamRecord) -> None:
+            record.arrivals.append(record.start)
+            record.tokens += 1
+            await asyncio.sleep(3600)  # a server that never sends the end of the stream
+
+        async def close(self) -> None:
+            pass
+
+    class SilentClient(Client):
+        async def open(self) -> None: ...
+
+        async def close(self) -> None: ...
+
+        def worker(self) -> Worker:
+            return Silent()
+
+    monkeypatch.setattr(
+        ceiling, "make_client", lambda protocol, url, model: SilentClient(url, model)
+    )
+    load = load_ceiling_contract(CONTRACT, ["load.request_timeout_s=0.05"]).load
+    records = asyncio.run(ceiling.drive("grpc", "x", "m", load, concurrency=2, count=3))
+    assert len(records) == 3
+    assert all(r.error == "no end of stream within 0.05 s (1 tokens had arrived)" for r in records)
