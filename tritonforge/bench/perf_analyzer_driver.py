@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -137,32 +138,64 @@ def _exported_requests(export: Path) -> Iterator[tuple[int, dict, int, list[int]
             yield position, item, int(item["timestamp"]), stamps
 
 
-def _record(
-    request: BenchRequest | int,
-    start: int,
-    stamps: list[int],
-    token_stamps: list[int],
-    *,
-    tokens: int,
-    error: str | None,
-    finish_reason: str | None,
+@dataclass
+class _Reading:
+    """What one exported request says, by a parser that knows its protocol."""
+
+    request: BenchRequest | None  # the workload's entry its prompt matched, if any
+    token_stamps: list[int]  # the responses that carried tokens: they time the tokens
+    tokens: int
+    error: str | None
+    finish_reason: str | None
+
+
+def _records(
+    export: Path,
+    requests: Sequence[BenchRequest],
     exact_lengths: bool,
-) -> MeasuredRequest:
-    """One request's record; ``request`` is the workload's entry, or the export position
-    when no prompt matched. Only ``token_stamps`` (responses with tokens) time tokens."""
-    known = request if isinstance(request, BenchRequest) else None
-    return MeasuredRequest(
-        index=request.index if isinstance(request, BenchRequest) else request,
-        start_ns=start,
-        end_ns=stamps[-1] if stamps else start,
-        ok=error is None,
-        output_tokens=tokens,
-        ttft_ms=(token_stamps[0] - start) / 1e6 if token_stamps else None,
-        chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
-        error=error,
-        expected_tokens=known.output_tokens if exact_lengths and known is not None else None,
-        finish_reason=finish_reason,
-    )
+    read: Callable[[dict, list[int], dict[str, BenchRequest]], _Reading],
+) -> list[MeasuredRequest]:
+    """One record per exported request, as ``read`` makes sense of it; a request no prompt
+    matched keeps its export position as its index."""
+    by_prompt = {r.prompt: r for r in requests}
+    records = []
+    for position, item, start, stamps in _exported_requests(export):
+        got = read(item, stamps, by_prompt)
+        known, token_stamps = got.request, got.token_stamps
+        records.append(
+            MeasuredRequest(
+                index=known.index if known is not None else position,
+                start_ns=start,
+                end_ns=stamps[-1] if stamps else start,
+                ok=got.error is None,
+                output_tokens=got.tokens,
+                ttft_ms=(token_stamps[0] - start) / 1e6 if token_stamps else None,
+                chunk_gaps_ms=[(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)],
+                error=got.error,
+                expected_tokens=known.output_tokens
+                if exact_lengths and known is not None
+                else None,
+                finish_reason=got.finish_reason,
+            )
+        )
+    return records
+
+
+def _read_triton(item: dict, stamps: list[int], by_prompt: dict[str, BenchRequest]) -> _Reading:
+    request = by_prompt.get(_prompt_of(item.get("request_inputs") or {}) or "")
+    outputs = item.get("response_outputs", [])
+    if stamps and (
+        len(outputs) != len(stamps) or any("num_output_tokens" not in o for o in outputs)
+    ):
+        raise ValueError("responses without num_output_tokens: cannot count tokens")
+    counts = [int(str(_scalar(o["num_output_tokens"]))) for o in outputs]
+    reasons = [str(_scalar(o.get("finish_reason", ""))) for o in outputs]
+    # Responses before the last say "None" (Python's None as a string) or nothing.
+    reason = next((r for r in reversed(reasons) if r not in ("", "None")), None)
+    # Only responses that carried tokens time the tokens (not the empty final one).
+    token_stamps = [t for t, n in zip(stamps, counts, strict=True) if n]
+    error = None if stamps else "no response"
+    return _Reading(request, token_stamps, sum(counts), error, reason)
 
 
 def parse_export(
@@ -174,34 +207,7 @@ def parse_export(
     decoupled stream's empty final response carries 0). With ``exact_lengths``
     (ignore_eos) a request that delivered fewer than its max_tokens is *short*.
     """
-    by_prompt = {r.prompt: r for r in requests}
-    records = []
-    for position, item, start, stamps in _exported_requests(export):
-        request = by_prompt.get(_prompt_of(item.get("request_inputs") or {}) or "")
-        outputs = item.get("response_outputs", [])
-        if stamps and (
-            len(outputs) != len(stamps) or any("num_output_tokens" not in o for o in outputs)
-        ):
-            raise ValueError("responses without num_output_tokens: cannot count tokens")
-        counts = [int(str(_scalar(o["num_output_tokens"]))) for o in outputs]
-        reasons = [str(_scalar(o.get("finish_reason", ""))) for o in outputs]
-        # Responses before the last say "None" (Python's None as a string) or nothing.
-        reason = next((r for r in reversed(reasons) if r not in ("", "None")), None)
-        # Only responses that carried tokens time the tokens (not the empty final one).
-        token_stamps = [t for t, n in zip(stamps, counts, strict=True) if n]
-        records.append(
-            _record(
-                request if request is not None else position,
-                start,
-                stamps,
-                token_stamps,
-                tokens=sum(counts),
-                error=None if stamps else "no response",
-                finish_reason=reason,
-                exact_lengths=exact_lengths,
-            )
-        )
-    return records
+    return _records(export, requests, exact_lengths, _read_triton)
 
 
 def openai_input_data(requests: Sequence[BenchRequest], endpoint: HttpEndpoint) -> dict:
@@ -237,6 +243,33 @@ def _carries_text(event: dict) -> bool:
     return any((c.get("delta") or {}).get("content") or c.get("text") for c in choices)
 
 
+def _read_openai(item: dict, stamps: list[int], by_prompt: dict[str, BenchRequest]) -> _Reading:
+    pieces = [_sse_events(str(o.get("response", ""))) for o in item["response_outputs"]]
+    if len(pieces) != len(stamps):
+        raise ValueError("response_outputs and response_timestamps differ in length")
+    payload = json.loads(item["request_inputs"]["payload"])
+    request = by_prompt.get(payload["messages"][-1]["content"])
+    events = [e for piece in pieces for e in piece]
+    usage = next((e["usage"] for e in events if e.get("usage")), None)
+    reason = next(
+        (
+            c["finish_reason"]
+            for e in events
+            for c in e.get("choices") or []
+            if c.get("finish_reason")
+        ),
+        None,
+    )
+    error = next((str(e["error"]) for e in events if "error" in e), None)
+    if error is None and usage is None:
+        error = "no response" if not stamps else "the stream ended without usage"
+    token_stamps = [
+        t for t, piece in zip(stamps, pieces, strict=True) if any(map(_carries_text, piece))
+    ]
+    tokens = int(usage["completion_tokens"]) if usage else 0
+    return _Reading(request, token_stamps, tokens, error, reason)
+
+
 def parse_openai_export(
     export: Path, requests: Sequence[BenchRequest], exact_lengths: bool
 ) -> list[MeasuredRequest]:
@@ -246,44 +279,7 @@ def parse_openai_export(
     tokens come from the pieces that carried text (not the role-only first chunk, not
     the usage chunk). A stream without usage, or one that reported an error, is an error.
     """
-    by_prompt = {r.prompt: r for r in requests}
-    records = []
-    for position, item, start, stamps in _exported_requests(export):
-        pieces = [_sse_events(str(o.get("response", ""))) for o in item["response_outputs"]]
-        if len(pieces) != len(stamps):
-            raise ValueError("response_outputs and response_timestamps differ in length")
-        payload = json.loads(item["request_inputs"]["payload"])
-        request = by_prompt.get(payload["messages"][-1]["content"])
-        events = [e for piece in pieces for e in piece]
-        usage = next((e["usage"] for e in events if e.get("usage")), None)
-        reason = next(
-            (
-                c["finish_reason"]
-                for e in events
-                for c in e.get("choices") or []
-                if c.get("finish_reason")
-            ),
-            None,
-        )
-        error = next((str(e["error"]) for e in events if "error" in e), None)
-        if error is None and usage is None:
-            error = "no response" if not stamps else "the stream ended without usage"
-        token_stamps = [
-            t for t, piece in zip(stamps, pieces, strict=True) if any(map(_carries_text, piece))
-        ]
-        records.append(
-            _record(
-                request if request is not None else position,
-                start,
-                stamps,
-                token_stamps,
-                tokens=int(usage["completion_tokens"]) if usage else 0,
-                error=error,
-                finish_reason=reason,
-                exact_lengths=exact_lengths,
-            )
-        )
-    return records
+    return _records(export, requests, exact_lengths, _read_openai)
 
 
 def run_level(
