@@ -45,7 +45,7 @@ bench: setup bench-venv
 soak: setup
 	$(PY) -m tritonforge.bench soak --minutes $(MINUTES) --concurrency $(CONCURRENCY) --models $(SOAK_MODELS)
 
-## ruff, then mypy (pyproject.toml: strict on serving/, triton/, engines/ and openai/).
+## ruff, then mypy (pyproject.toml: strict except on the tools: bench/, launch/, repo/).
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 

@@ -127,7 +127,7 @@ class Detector:
     """A candidate shape and the validator that finds the real secret in it."""
 
     type: str
-    pattern: regex.Pattern
+    pattern: regex.Pattern[str]
     valid_length: Callable[[str], int | None]
 
 

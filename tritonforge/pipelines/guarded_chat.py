@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from tritonforge.pipelines.guard import Finding, StreamGuard, findings_json, redact
 from tritonforge.serving.cancellation import CancelBoard
@@ -73,19 +74,19 @@ class ClientCancelled(RuntimeError):
 class Outbox(Protocol):
     """Where the client's responses go (Triton's response sender, at the edge)."""
 
-    def send(self, tensors: dict[str, np.ndarray]) -> None:
+    def send(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
         """Send one streamed (non-final) response.
 
         It never carries an error: an error ends the request, so it goes to :meth:`close`.
         """
 
-    def close(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> None:
+    def close(self, tensors: dict[str, npt.NDArray[Any]] | None, error: Exception | None) -> None:
         """Send the final response: the last tensors, or the error that ends the request."""
 
     def is_cancelled(self) -> bool: ...
 
 
-InnerCall = Callable[[dict[str, np.ndarray], str], Iterable[InnerEvent]]
+InnerCall = Callable[[dict[str, npt.NDArray[Any]], str], Iterable[InnerEvent]]
 
 
 @dataclass
@@ -97,7 +98,7 @@ class GuardedInputs:
     the schema's rule for every LLM model).
     """
 
-    tensors: dict[str, np.ndarray]
+    tensors: dict[str, npt.NDArray[Any]]
     findings: list[dict[str, Any]] = field(default_factory=list)
     echo: str = ""
 
@@ -119,7 +120,7 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
             )
     if request.prompt_ids is not None:
         raise RequestError("input_ids", "guarded_chat needs text_input or messages to guard")
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, npt.NDArray[Any]] = {}
     findings: list[dict[str, Any]] = []
     echo = ""
     if request.messages is not None:
@@ -171,8 +172,8 @@ class _Counts:
         if event.finish_reason not in (None, "", "None"):
             self.finish_reason = event.finish_reason
 
-    def take(self, final: bool) -> dict[str, np.ndarray]:
-        tensors: dict[str, np.ndarray] = {}
+    def take(self, final: bool) -> dict[str, npt.NDArray[Any]]:
+        tensors: dict[str, npt.NDArray[Any]] = {}
         if self.returns.finish_reason:
             tensors["finish_reason"] = text_tensor(str(self.finish_reason if final else None))
         if self.returns.num_input_tokens:
@@ -186,9 +187,9 @@ class _Counts:
 def _response(
     text: str,
     output: list[Finding],
-    inputs: list[dict] | None,
-    counts: dict[str, np.ndarray] | None = None,
-) -> dict[str, np.ndarray]:
+    inputs: list[dict[str, Any]] | None,
+    counts: dict[str, npt.NDArray[Any]] | None = None,
+) -> dict[str, npt.NDArray[Any]]:
     tensors = {
         "text_output": text_tensor(text),
         "output_findings": text_tensor(findings_json(output)),
@@ -243,7 +244,7 @@ class GuardedChat:
         """Guard and relay until the inner stream ends, fails or the client cancels."""
         guard = StreamGuard()
         counts = _Counts(self.request.returns)
-        pending_input_findings: list[dict] | None = self.inputs.findings
+        pending_input_findings: list[dict[str, Any]] | None = self.inputs.findings
         whole: list[str] = []
         found: list[Finding] = []
         last_poll = time.monotonic()
