@@ -484,8 +484,8 @@ class LlamaCppEngine(Engine):
 
     def _retire_cancelled(self) -> None:
         for sequence in [s for s in self._running if s.job.cancel.is_set()]:
-            sequence.job.deliver(ABORTED)
             self._leave(sequence)
+            sequence.job.deliver(ABORTED)
 
     def _admit(self) -> None:
         """Give free slots to waiting jobs, first come first served (adapters take turns)."""
@@ -533,6 +533,8 @@ class LlamaCppEngine(Engine):
     def _leave(self, sequence: _Sequence) -> None:
         """Take a sequence out: its generated tokens' KV freed, its prompt's kept as cache."""
         assert self._ctx is not None
+        if sequence not in self._running:
+            return  # already left (its delivery failed after it finished)
         self._running.remove(sequence)
         llama_cpp.llama_sampler_free(sequence.sampler)
         slot = sequence.slot
@@ -562,8 +564,8 @@ class LlamaCppEngine(Engine):
             if not sequence.prefilling:
                 self._emit(sequence, end - start - 1)
         except Exception as exc:
-            sequence.job.deliver(exc)
             self._leave(sequence)
+            sequence.job.deliver(exc)
 
     def _decode(self) -> None:
         """One token for every generating sequence, in one call."""
@@ -576,16 +578,16 @@ class LlamaCppEngine(Engine):
             self._ctx.decode(items)  # type: ignore[arg-type]
         except Exception as exc:
             for sequence in generating:
-                sequence.job.deliver(exc)
                 self._leave(sequence)
+                sequence.job.deliver(exc)
             return
         for index, sequence in enumerate(generating):
             sequence.position += 1
             try:
                 self._emit(sequence, index)
             except Exception as exc:
-                sequence.job.deliver(exc)
                 self._leave(sequence)
+                sequence.job.deliver(exc)
 
     def _emit(self, sequence: _Sequence, index: int) -> None:
         """Sample the sequence's next token from output ``index`` and deliver its delta."""
@@ -599,9 +601,9 @@ class LlamaCppEngine(Engine):
         logprob = None if raw is None else self._logprobs(raw, token, decoding.params.logprobs or 0)
         output = decoding.output(token, logprob)
         sequence.token = None if output.finished else token
-        sequence.job.deliver(output)
-        if output.finished:
+        if output.finished:  # out of its slot before the client can see the answer
             self._leave(sequence)
+        sequence.job.deliver(output)
 
     def _logprobs(self, logits: np.ndarray, token: int, top: int) -> tuple[PositionLogprobs, float]:
         logprobs = logits - logits.max()
