@@ -28,6 +28,7 @@ from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
 from tritonforge.serving.admission import AdmissionSettings, model_defaults
+from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.restarts import RestartPolicy
 
 #: Names that work as a directory, in Triton's URLs (/v2/models/<name>) and in metrics.
@@ -221,7 +222,13 @@ def _check_llm(
         report.error(
             f"config.pbtxt: parameter max_inflight must be a whole number >= 1, got {raw!r}"
         )
-    for check in (RestartPolicy.from_parameters, AdmissionSettings.from_parameters, model_defaults):
+    checks = (
+        RestartPolicy.from_parameters,
+        AdmissionSettings.from_parameters,
+        model_defaults,
+        StreamPolicy.from_parameters,
+    )
+    for check in checks:
         try:
             check(params)
         except ValueError as exc:  # RequestError too: a default_<key> the schema refuses

@@ -121,6 +121,8 @@ def test_llm_model_must_be_decoupled_and_unbatched(repo, repo_env) -> None:
         ("max_inflight", "0", "max_inflight must be a whole number >= 1, got '0'"),
         ("engine_restart_max", "-1", "parameter engine_restart_max: must be >= 0"),
         ("engine_restart_backoff_s", "soon", "engine_restart_backoff_s: expected a number"),
+        ("stream_interval", "0", "parameter stream_interval: must be a whole number of tokens"),
+        ("stream_coalescing", "yes", "parameter stream_coalescing: must be true or false"),
     ],
 )
 def test_bad_parameters(repo, repo_env, parameter, value, message) -> None:
