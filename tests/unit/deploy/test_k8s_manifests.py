@@ -122,7 +122,8 @@ def test_manifest_matches_the_kubernetes_schema(path_doc) -> None:
 
 def test_every_manifest_is_of_a_kind_that_is_checked() -> None:
     kinds = {doc["kind"] for _, doc in documents()}
-    assert kinds <= SCHEMA_KINDS | {"ServiceMonitor", "Kustomization"}
+    # ScaledObject (KEDA): tests/unit/deploy/test_k8s_slo_scaling.py validates it.
+    assert kinds <= SCHEMA_KINDS | {"ServiceMonitor", "Kustomization", "ScaledObject"}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "ServiceMonitor"} <= kinds
 
 
@@ -274,13 +275,13 @@ def test_plain_scrape_config_keeps_the_metrics_port_and_pod_labels() -> None:
 
 
 def test_hpa_scales_the_deployment_on_the_adapters_renamed_queue_metric() -> None:
-    hpa, deployment = by_kind("HorizontalPodAutoscaler"), by_kind("Deployment")
+    hpa, deployment = by_kind("HorizontalPodAutoscaler", "tritonforge"), by_kind("Deployment")
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     [metric] = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
-    [rule] = config_data("tritonforge-prometheus-adapter", "config.yaml")["rules"]
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    rules = config_data("tritonforge-prometheus-adapter", "config.yaml")["rules"]
+    [rule] = [r for r in rules if r["name"]["as"] == metric["pods"]["metric"]["name"]]
     assert ":" not in rule["name"]["as"]
     # The rule reads the series tritonforge exports (Triton metrics module).
     series = re.match(r"([\w:]+)\{", rule["seriesQuery"]).group(1)

@@ -1,0 +1,130 @@
+"""deploy/k8s/slo: scaling on SLO admission's signals, offline, like the other manifests.
+
+The HPA alternative reads the adapter's renamed series; the KEDA ScaledObject (a CRD
+kubernetes-validate has no schema for) is validated against a closed JSON schema of the
+fields used (a subset of KEDA 2.x's CRD). Both must name series this project exports
+(tritonforge/triton/admission_metrics.py) and target the Deployment.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.unit.deploy.test_k8s_manifests import by_kind, config_data
+
+SOURCE = Path(__file__).resolve().parents[3] / "tritonforge" / "triton" / "admission_metrics.py"
+
+_TRIGGER = {
+    "type": "object",
+    "required": ["type", "metadata"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"const": "prometheus"},
+        "metricType": {"enum": ["Value", "AverageValue", "Utilization"]},
+        "metadata": {
+            "type": "object",
+            "required": ["serverAddress", "query", "threshold"],
+            "additionalProperties": False,
+            "properties": {
+                "serverAddress": {"type": "string", "pattern": "^https?://"},
+                "query": {"type": "string"},
+                "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+            },
+        },
+    },
+}
+#: The ScaledObject fields this manifest uses (keda.sh/v1alpha1), closed.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {"name": {"type": "string"}, "kind": {"type": "string"}},
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "triggers": {"type": "array", "minItems": 1, "items": _TRIGGER},
+            },
+        },
+    },
+}
+
+
+def exported(series: str) -> bool:
+    """``vllm:<name>`` is a family admission_metrics.py makes."""
+    prefix, name = series.split(":")
+    return prefix == "vllm" and f"{{prefix}}:{name}" in SOURCE.read_text()
+
+
+def test_scaled_object_matches_the_fields_it_uses() -> None:
+    scaled = by_kind("ScaledObject")
+    jsonschema.validate(scaled, SCALED_OBJECT_SCHEMA)
+    broken = copy.deepcopy(scaled)
+    broken["spec"]["triggers"][0]["metadata"]["treshold"] = "1"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCALED_OBJECT_SCHEMA)
+
+
+def test_scaled_object_targets_the_deployment_on_exported_series() -> None:
+    scaled, deployment = by_kind("ScaledObject"), by_kind("Deployment")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+    for trigger in scaled["spec"]["triggers"]:
+        series = re.findall(r"(vllm:\w+)\{", trigger["metadata"]["query"])
+        assert series and all(exported(s) for s in series), trigger
+
+
+def test_slo_hpa_reads_the_adapters_admission_series() -> None:
+    hpa, deployment = by_kind("HorizontalPodAutoscaler", "tritonforge-slo"), by_kind("Deployment")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    rules = {
+        r["name"]["as"]: r
+        for r in config_data("tritonforge-prometheus-adapter", "config.yaml")["rules"]
+    }
+    names = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
+    assert names == {"vllm_predicted_ttft_seconds", "vllm_slo_refusals_per_second"}
+    for name in names:
+        rule = rules[name]
+        assert ":" not in name
+        series = re.match(r"([\w:]+)\{", rule["seriesQuery"]).group(1)
+        assert re.fullmatch(rule["name"]["matches"], series) and exported(series)
+        assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    refusals = rules["vllm_slo_refusals_per_second"]["metricsQuery"]
+    assert 'decision=~"refused_.*"' in refusals and "rate(" in refusals
+
+
+def test_the_slo_alternatives_are_not_in_the_base() -> None:
+    """Each replaces hpa.yaml: two autoscalers on one Deployment would fight."""
+    from tests.unit.deploy.test_k8s_manifests import DEPLOY
+
+    base = (DEPLOY / "kustomization.yaml").read_text()
+    assert "slo/" not in base and not list(DEPLOY.glob("slo/kustomization.yaml"))
