@@ -375,13 +375,14 @@ def run_ceiling(
     contract = load_ceiling_contract(contract_path, overrides)
     code = served_code(allow_mismatch=allow_served_mismatch)
     environment = capture(models_dir() / contract.model, code)
+    uncommitted = dirty_files()  # at launch: the stubs import the tree as it is now
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = results_root / contract.name / stamp
     (run_dir / "logs").mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="tritonforge-ceiling-") as scratch:
         repository = assemble_repository(contract.models, Path(scratch) / "repository")
         rows, environment = serve_and_measure(contract, repository, run_dir, environment)
-    write_results(run_dir, contract, overrides, environment, rows)
+    write_results(run_dir, contract, overrides, environment, rows, uncommitted)
     return run_dir
 
 
@@ -428,6 +429,7 @@ def write_results(
     overrides: Sequence[str],
     environment: Environment,
     rows: list[dict[str, Any]],
+    uncommitted: list[str],
 ) -> None:
     from tritonforge.bench.ceiling_report import render
 
@@ -435,7 +437,7 @@ def write_results(
         "contract": contract.model_dump(),
         "overrides": list(overrides),
         "environment": environment.model_dump(),
-        "uncommitted_files": dirty_files(),
+        "uncommitted_files_at_launch": uncommitted,
         "rows": rows,
     }
     (run_dir / "results.json").write_text(json.dumps(payload, indent=2))

@@ -111,6 +111,7 @@ def render(payload: dict[str, Any]) -> str:
     targets = [t["name"] for t in contract["targets"]]
     load = contract["load"]
     machine = env["machine"]
+    dirty = payload.get("uncommitted_files_at_launch", [])
     out = [
         f"# {contract['name']}",
         "",
@@ -122,6 +123,11 @@ def render(payload: dict[str, Any]) -> str:
         f"- load: {load['output_tokens']} tokens a request, concurrency "
         f"{', '.join(map(str, load['concurrency']))}, {load['rounds']} interleaved rounds "
         "(targets' order rotated)",
+        *(
+            [f"- uncommitted files at launch: {', '.join(dirty) or 'none'}"]
+            if "uncommitted_files_at_launch" in payload
+            else []
+        ),
         f"- overrides: {', '.join(payload['overrides']) or 'none'}",
         "- figures: median over the rounds (min–max); CPU is per token that arrived",
         "",
