@@ -211,10 +211,8 @@ class SyntheticEngine(HFTokenizedEngine):
             raise settings_error(exc) from None
 
     async def start(self) -> None:
-        self._tokenizer, self._vocab = await asyncio.to_thread(
-            load_tokenizer, self.settings.tokenizer
-        )
-        self._vocab_size = len(self._vocab.plain)
+        self._tokenizer, vocab = await asyncio.to_thread(load_tokenizer, self.settings.tokenizer)
+        self._vocab, self._vocab_size = vocab, len(vocab.plain)
         self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
 
     async def shutdown(self) -> None:
