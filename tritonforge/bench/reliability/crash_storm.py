@@ -1,0 +1,344 @@
+"""Crash storm: requests cancelled at chosen moments, counting tritonserver crashes.
+
+Triton 2.51 died once here (SIGSEGV) right after a client cancelled a gRPC stream, and
+upstream fixed cancellation races after that release (README.md, "Reliability"). This
+storm looks for the trigger: clients cancel requests at one of several moments, each a
+*pattern*, and every crash of the server is recorded with the cancels of each pattern
+issued in the second before it, the server's log lines before it, and its exit cause;
+the server is then started again and the storm goes on, until ``cancels`` cancels or
+``max_crashes`` crashes. The figure is crashes per 1,000 cancels, per pattern.
+
+Patterns (gRPC streams unless said otherwise):
+
+- ``before_first``: cancelled 0-5 ms after the request was sent, before any response;
+- ``mid_stream``: cancelled after 1-8 responses of a 64-token request;
+- ``around_final``: a request of 2-6 tokens, cancelled from just before its last token
+  to just after its FINAL response — the race of server#7368 (a cancellation meeting a
+  request's completion);
+- ``after_final``: cancelled the moment its FINAL response arrived, the call still open;
+- ``sse_disconnect``: HTTP ``generate_stream`` whose connection is dropped after 1-8
+  events.
+
+``python -m tritonforge.bench.reliability.crash_storm --models vllm_model --cancels 5000``
+writes ``perf/results/crash-storm/<UTC time>/results.json`` and ``report.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+
+from tritonforge.bench.reliability.clients import GrpcStream, grpc_request
+from tritonforge.launch.launcher import TritonServer
+from tritonforge.launch.supervisor import exit_cause
+from tritonforge.openai.triton_client import CHANNEL_ARGS
+from tritonforge.paths import REPO_ROOT
+
+PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", "sse_disconnect")
+RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "crash-storm"
+#: A crash is attributed to the cancels issued in this window before it.
+BLAME_WINDOW_S = 1.0
+
+
+def _is_final(message: Any) -> bool:
+    final = message.infer_response.parameters.get("triton_final_response")
+    return final is not None and final.bool_param
+
+
+def _request(model: str, max_tokens: int, rng: random.Random) -> Any:
+    sampling = {"max_tokens": max_tokens, "temperature": 0.8, "seed": rng.randrange(1 << 30)}
+    inputs: dict[str, str | bytes | bool] = {
+        "text_input": f"Tell story number {rng.randrange(1000)}.",
+        "sampling_parameters": json.dumps(sampling),
+        "stream": True,
+    }
+    return grpc_request(model, inputs)
+
+
+async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Random) -> bool:
+    """One gRPC stream cancelled at ``pattern``'s moment; False if it ended first."""
+    tokens = {"mid_stream": 64, "around_final": rng.randint(2, 6)}.get(pattern, 32)
+    stream = GrpcStream(channel, _request(model, tokens, rng))
+    if pattern == "before_first":
+        await asyncio.sleep(rng.uniform(0, 0.005))
+        stream.call.cancel()
+        return True
+    stop_after = {"mid_stream": rng.randint(1, 8), "around_final": tokens - 1}.get(pattern)
+    seen = 0
+    try:
+        async with asyncio.timeout(120):
+            async for message in stream.call:
+                if message.error_message:
+                    return False
+                seen += bool(message.infer_response.outputs)
+                if _is_final(message):
+                    if pattern in ("after_final", "around_final"):
+                        stream.call.cancel()
+                        return True
+                    return False
+                if stop_after is not None and seen >= stop_after:
+                    if pattern == "around_final":  # land anywhere near the last token
+                        await asyncio.sleep(rng.uniform(0, 0.06))
+                    stream.call.cancel()
+                    return True
+    except (grpc.aio.AioRpcError, TimeoutError):
+        stream.call.cancel()
+    return False
+
+
+async def _sse_disconnect(
+    session: aiohttp.ClientSession, http_url: str, model: str, rng: random.Random
+) -> bool:
+    body = {"text_input": "Tell a story.", "parameters": {"max_tokens": 64, "temperature": 0.8}}
+    url = f"http://{http_url}/v2/models/{model}/generate_stream"
+    events, stop_after = 0, rng.randint(1, 8)
+    try:
+        async with asyncio.timeout(120), session.post(url, json=body) as reply:
+            async for line in reply.content:
+                events += line.startswith(b"data: ")
+                if events >= stop_after:
+                    reply.close()  # the connection is dropped mid-stream
+                    return True
+    except (aiohttp.ClientError, TimeoutError):
+        pass
+    return False
+
+
+@dataclass
+class Crash:
+    at_cancels: int
+    cause: str
+    seconds_into_storm: float
+    cancels_in_window: dict[str, int]
+    log_tail: list[str]
+
+
+@dataclass
+class Storm:
+    """The storm's shared state: the server, its counts, and whether it is serving now."""
+
+    server: TritonServer
+    models: list[str]
+    rng: random.Random
+    cancels: Counter[str] = field(default_factory=Counter)
+    recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=4096))
+    crashes: list[Crash] = field(default_factory=list)
+    serving: asyncio.Event = field(default_factory=asyncio.Event)
+    started: float = field(default_factory=time.monotonic)
+
+    def record(self, pattern: str) -> None:
+        self.cancels[pattern] += 1
+        self.recent.append((time.monotonic(), pattern))
+
+    def in_window(self, now: float) -> dict[str, int]:
+        return dict(Counter(p for t, p in self.recent if now - t <= BLAME_WINDOW_S))
+
+
+def log_tail(path: Path | None, lines: int = 60) -> list[str]:
+    """The server log's last lines (what it said before it died)."""
+    if path is None or not path.exists():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 64 * 1024))
+        text = handle.read().decode("utf-8", errors="replace")
+    return text.splitlines()[-lines:]
+
+
+async def _one(storm: Storm, pattern: str, channel: Any, session: aiohttp.ClientSession) -> bool:
+    model = storm.rng.choice(storm.models)
+    if pattern == "sse_disconnect":
+        done = await _sse_disconnect(session, storm.server.http_url, model, storm.rng)
+    else:
+        done = await _grpc_cancel(pattern, channel, model, storm.rng)
+    if done and storm.serving.is_set():
+        storm.record(pattern)
+    return done
+
+
+async def _client(storm: Storm, patterns: list[str], until: dict[str, float]) -> None:
+    """One client: a pattern drawn at random per request, until a limit of ``until``."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as session:
+        channel = grpc.aio.insecure_channel(storm.server.grpc_url, options=CHANNEL_ARGS)
+        try:
+            while (
+                sum(storm.cancels.values()) < until["cancels"]
+                and len(storm.crashes) < until["crashes"]
+                and time.monotonic() < until["deadline"]
+            ):
+                await storm.serving.wait()
+                if not await _one(storm, storm.rng.choice(patterns), channel, session):
+                    await asyncio.sleep(0.05)  # not a cancel (ended first, or refused)
+        finally:
+            await channel.close()
+
+
+async def _watch(storm: Storm, stop: asyncio.Event) -> None:
+    """Notice a crash, record it, start the server again, let the clients go on."""
+    while not stop.is_set():
+        code = storm.server.process.poll() if storm.server.process else None
+        if code is not None:
+            storm.serving.clear()
+            now = time.monotonic()
+            crash = Crash(
+                at_cancels=sum(storm.cancels.values()),
+                cause=exit_cause(code),
+                seconds_into_storm=round(now - storm.started, 1),
+                cancels_in_window=storm.in_window(now),
+                log_tail=log_tail(storm.server.log_path),
+            )
+            storm.crashes.append(crash)
+            print(f"crash storm: tritonserver died ({crash.cause})", file=sys.stderr, flush=True)
+            await asyncio.to_thread(storm.server.stop)
+            await asyncio.to_thread(storm.server.start)
+            await asyncio.to_thread(storm.server.wait_ready)
+            storm.serving.set()
+        await asyncio.sleep(0.1)
+
+
+async def run_storm(
+    server: TritonServer,
+    models: list[str],
+    patterns: list[str],
+    concurrency: int,
+    seed: int,
+    until: dict[str, float],
+) -> Storm:
+    """Storm a ready ``server`` until ``until``'s cancels, crashes or minutes are reached."""
+    storm = Storm(server, models, random.Random(seed))
+    storm.serving.set()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch(storm, stop))
+    limits = dict(until) | {"deadline": time.monotonic() + 60 * until["minutes"]}
+    try:
+        await asyncio.gather(*(_client(storm, patterns, limits) for _ in range(concurrency)))
+    finally:
+        stop.set()
+        await watcher
+    return storm
+
+
+def rates(storm: Storm) -> dict[str, Any]:
+    """Crashes per 1,000 cancels, overall and per pattern (blamed: in the window before)."""
+    total = sum(storm.cancels.values())
+    blamed: Counter[str] = Counter()
+    for crash in storm.crashes:
+        blamed.update(crash.cancels_in_window.keys())
+    per_pattern = {
+        p: {
+            "cancels": n,
+            "crashes_with_it_in_window": blamed[p],
+            "per_1000": round(1000 * blamed[p] / n, 3) if n else None,
+        }
+        for p, n in sorted(storm.cancels.items())
+    }
+    overall = round(1000 * len(storm.crashes) / total, 3) if total else None
+    return {"cancels": total, "crashes": len(storm.crashes), "per_1000": overall} | {
+        "by_pattern": per_pattern
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    """report.md: the rate per pattern, then each crash with its window and log tail."""
+    figures = result["rates"]
+    lines = [
+        f"# Crash storm on tritonserver ({result['started_utc']})",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"Models: {', '.join(result['models'])}; concurrency {result['concurrency']}; "
+        f"server: {result['tritonserver']}.",
+        f"**{figures['crashes']} crash(es) in {figures['cancels']} cancels** "
+        f"({figures['per_1000']} per 1,000).",
+        "",
+        "| pattern | cancels | crashes with it in the last second | per 1,000 |",
+        "|---|---|---|---|",
+    ]
+    for pattern, row in figures["by_pattern"].items():
+        lines.append(
+            f"| {pattern} | {row['cancels']} | {row['crashes_with_it_in_window']} | "
+            f"{row['per_1000']} |"
+        )
+    for i, crash in enumerate(result["crashes"], 1):
+        lines += [
+            "",
+            f"## Crash {i}: {crash['cause']} after {crash['at_cancels']} cancels "
+            f"({crash['seconds_into_storm']} s)",
+            f"Cancels in the second before: {crash['cancels_in_window']}",
+            "",
+            "```",
+            *crash["log_tail"][-30:],
+            "```",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.bench.reliability.crash_storm")
+    parser.add_argument("--models", nargs="+", default=["vllm_model"])
+    parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
+    parser.add_argument("--cancels", type=int, default=5000, help="stop after this many")
+    parser.add_argument("--max-crashes", type=int, default=5, help="or after this many crashes")
+    parser.add_argument("--minutes", type=float, default=60.0, help="or after this long")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose-log", action="store_true", help="tritonserver --log-verbose=1")
+    parser.add_argument("--results", type=Path, default=RESULTS_ROOT)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tritonforge.bench.environment import capture, served_code, tritonserver_version
+    from tritonforge.launch.model_store import ensure_default_model
+
+    args = _parser().parse_args(argv)
+    code = served_code()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.results / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    env = capture(ensure_default_model(quiet=True), code)
+    extra = ["--log-verbose=1"] if args.verbose_log else []
+    server = TritonServer.on_free_ports(
+        models=args.models, log_path=out / "server.log", extra_args=extra
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        env.tritonserver = tritonserver_version(server.http_url)
+        until = {"cancels": args.cancels, "crashes": args.max_crashes, "minutes": args.minutes}
+        storm = asyncio.run(
+            run_storm(server, args.models, args.patterns, args.concurrency, args.seed, until)
+        )
+    finally:
+        server.stop()
+    result = {
+        "started_utc": stamp,
+        "command": "python -m tritonforge.bench.reliability.crash_storm "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "models": args.models,
+        "concurrency": args.concurrency,
+        "tritonserver": env.tritonserver,
+        "rates": rates(storm),
+        "crashes": [vars(c) for c in storm.crashes],
+        "seconds": round(time.monotonic() - storm.started, 1),
+        "environment": env.model_dump(),
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "report.md").write_text(report(result))
+    print(out / "report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
