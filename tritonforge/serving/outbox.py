@@ -36,24 +36,36 @@ class StreamPolicy:
     interval: int = 1
     #: Deltas that wait for a busy sender go out together as one response.
     coalesce: bool = True
+    #: Response threads of a model instance. A send waits for Triton to take the
+    #: response (one stub↔server round trip); several threads overlap those round trips,
+    #: the way Triton's own decoupled examples send from a thread per request.
+    threads: int = 8
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> StreamPolicy:
-        """Read ``stream_interval`` and ``stream_coalescing``; a bad value names the key."""
-        policy = cls()
-        raw = parameters.get("stream_interval", "").strip()
-        if raw:
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(
-                    f"parameter stream_interval: must be a whole number of tokens >= 1, got {raw!r}"
-                )
-            policy = cls(interval=int(raw))
+        """Read ``stream_interval``, ``stream_coalescing`` and ``response_threads``.
+
+        A bad value fails the load, naming the parameter and its rule.
+        """
+        default = cls()
         raw = parameters.get("stream_coalescing", "").strip().lower()
-        if raw:
-            if raw not in ("true", "false"):
-                raise ValueError(f"parameter stream_coalescing: must be true or false, got {raw!r}")
-            policy = cls(interval=policy.interval, coalesce=raw == "true")
-        return policy
+        if raw not in ("", "true", "false"):
+            raise ValueError(f"parameter stream_coalescing: must be true or false, got {raw!r}")
+        return cls(
+            interval=_whole(parameters, "stream_interval", "tokens", default.interval),
+            coalesce=default.coalesce if not raw else raw == "true",
+            threads=_whole(parameters, "response_threads", "threads", default.threads),
+        )
+
+
+def _whole(parameters: Mapping[str, str], key: str, unit: str, default: int) -> int:
+    """Parameter ``key`` as a whole number >= 1 (``default`` when not set)."""
+    raw = parameters.get(key, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"parameter {key}: must be a whole number of {unit} >= 1, got {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)

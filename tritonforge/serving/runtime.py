@@ -44,12 +44,6 @@ from tritonforge.serving.responses import Generation, build_outputs, merge_outpu
 from tritonforge.serving.schema import GenerateRequest
 from tritonforge.triton.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
 
-#: Response threads per model instance. A send waits for Triton to take the response
-#: (one stub↔server round trip); with several threads those round trips overlap, the
-#: way Triton's own decoupled examples send from a thread per request.
-RESPONSE_THREADS = 8
-
-
 #: Rounds one send job of a request runs before it yields to other requests' jobs.
 SENDS_PER_JOB = 8
 
@@ -180,7 +174,7 @@ class Runtime:
         shutdown_watch: ShutdownWatch | None = None,
         shutdown_poll_s: float = 1.0,
         stream_policy: StreamPolicy | None = None,
-        response_threads: int = RESPONSE_THREADS,
+        response_threads: int | None = None,
         admission: Admission | None = None,
     ) -> None:
         self.engine = engine
@@ -207,7 +201,7 @@ class Runtime:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._response_threads = [
             threading.Thread(target=self._run_jobs, name=f"tritonforge-responses-{i}", daemon=True)
-            for i in range(response_threads)
+            for i in range(response_threads or self.stream_policy.threads)
         ]
         self._metrics_lock = threading.Lock()  # the metrics sink is not thread-safe
         self._queued = 0  # jobs posted and not finished yet

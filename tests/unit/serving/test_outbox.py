@@ -167,6 +167,7 @@ def test_a_request_ending_in_error_keeps_the_tokens_waiting_before_it() -> None:
         ({"stream_interval": "1.5"}, "parameter stream_interval: must be a whole number"),
         ({"stream_interval": "-2"}, "parameter stream_interval: must be a whole number"),
         ({"stream_coalescing": "maybe"}, "parameter stream_coalescing: must be true or false"),
+        ({"response_threads": "0"}, "parameter response_threads: must be a whole number of"),
     ],
 )
 def test_bad_stream_parameters_fail_naming_the_key(parameters, message) -> None:
@@ -175,9 +176,9 @@ def test_bad_stream_parameters_fail_naming_the_key(parameters, message) -> None:
 
 
 def test_stream_parameters_are_read() -> None:
-    assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True)
-    parameters = {"stream_interval": "4", "stream_coalescing": "False"}
-    assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False)
+    assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True, 8)
+    parameters = {"stream_interval": "4", "stream_coalescing": "False", "response_threads": "2"}
+    assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False, 2)
 
 
 class SlowSender(RecordingChannel):
