@@ -16,6 +16,8 @@ exits without having been asked to, starts it again:
   ``tritonforge_tritonserver_restarts_total{cause=…}``, served by the launcher itself on
   127.0.0.1 (see :class:`SupervisorMetrics`).
 
+Triton 2.51 workaround W16, see docs/triton-2.51-workarounds.md.
+
 An exit with code 0 is a deliberate stop (tritonserver exits 0 after a SIGTERM or
 SIGINT it was sent directly) and is not restarted; neither is anything after
 :meth:`Supervisor.stop`, which is how the launcher's own Ctrl-C / SIGTERM ends it.
