@@ -403,6 +403,54 @@ class Comparison(Strict):
     levels: list[float] | None = Field(default=None, description="levels to compare (default all)")
 
 
+class OverloadTargets(Strict):
+    """What an overload run must show (perf/contracts/overload.yaml says why each)."""
+
+    at_multiple: float = Field(default=2.0, gt=1, description="the overloaded rate judged")
+    min_goodput_share_of_peak: float = Field(
+        default=0.8, gt=0, le=1, description="goodput with admission / the sweep's peak"
+    )
+    min_goodput_gain: float = Field(
+        default=3.0, gt=0, description="goodput with admission / goodput without"
+    )
+    min_admitted_slo_share: float = Field(
+        default=0.95, gt=0, le=1, description="admitted requests that meet their SLO"
+    )
+    max_refusal_p99_ms: float = Field(default=50, gt=0, description="time to answer a refusal")
+    max_ttft_error_p50: float = Field(
+        default=0.2, gt=0, description="|predicted - actual| / actual TTFT, admitted requests"
+    )
+    error_after_requests: int = Field(
+        default=100, ge=0, description="the TTFT error counts requests after this many"
+    )
+
+
+class Overload(Strict):
+    """Runs past saturation: each multiple of the swept saturation rate, admission on and
+    off interleaved per round, every request carrying the contract's SLO as its own."""
+
+    saturation_multiples: list[Annotated[float, Field(gt=0)]] = Field(min_length=2)
+    warmup_s: float = Field(ge=0, description="sent before measuring at each rate, not counted")
+    duration_s: float = Field(gt=0, description="measured seconds at each rate and mode")
+    admission: list[Literal["on", "off"]] = Field(default=["on", "off"], min_length=1)
+    slo_check_multiple: float = Field(
+        default=0.5,
+        gt=0,
+        description="before the overload runs, the SLO must hold for >= 95 % of requests "
+        "at this multiple (recorded), so the SLO is one the server can keep",
+    )
+    targets: OverloadTargets = OverloadTargets()
+
+    @model_validator(mode="after")
+    def _judgeable(self) -> Overload:
+        for needed in (self.targets.at_multiple, self.slo_check_multiple, 1.0):
+            if needed not in self.saturation_multiples:
+                raise ValueError(
+                    f"saturation_multiples must include {needed:g} (judged or checked there)"
+                )
+        return self
+
+
 class Contract(Strict):
     """A whole evaluation contract (see perf/README.md for each field)."""
 
@@ -416,6 +464,18 @@ class Contract(Strict):
     sampling: Sampling = Sampling()
     targets: list[Target] = Field(min_length=1)
     comparisons: list[Comparison] = []
+    overload: Overload | None = Field(
+        default=None, description="runs past a swept saturation rate (SLO admission on/off)"
+    )
+
+    @model_validator(mode="after")
+    def _overload_needs_a_sweep(self) -> Contract:
+        if self.overload is not None and not self.load.sweep:
+            raise ValueError(
+                "overload: multiples of the saturation rate need load.request_rates to be a "
+                "sweep that finds it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Contract:

@@ -1,0 +1,344 @@
+"""Overload runs of perf/contracts/overload.yaml: SLO admission on vs off past saturation.
+
+Why: goodput under overload is what admission is for, and only an open-loop run past
+the saturation rate shows it. One tritonserver serves the contract's model twice,
+``<model>_on`` (config.pbtxt ``admission: on``) and ``<model>_off`` (``observe``: the
+same predictor and metrics, nothing refused), so the two modes interleave without
+restarts. Requests are the contract's short-chat mix over HTTP ``generate_stream``,
+Poisson arrivals, each carrying the contract's SLO as its own ``slo_ttft_ms`` /
+``slo_tpot_ms``.
+
+    .venv/bin/python perf/overload_run.py --sweep 0.25,0.5,1,1.5 --sweep-s 60 \\
+        --duration-s 90 --warmup-s 15 --rounds 1
+
+Phases: a short saturation sweep on ``_off`` (the highest rate whose goodput share is
+>= 0.9 and whose completions kept up) unless ``--saturation`` gives it; the SLO check
+and the overload cells at each multiple, modes alternating and the order rotated per
+round. ``--duration-s``/``--warmup-s``/``--rounds`` below the contract's make a reduced
+run, which the results say. Results: perf/results/overload/<UTC>/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tritonforge.bench.contract import Contract, load_contract  # noqa: E402
+from tritonforge.bench.workload import PromptBuilder, draw_length  # noqa: E402
+from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer  # noqa: E402
+from tritonforge.paths import CACHE_DIR  # noqa: E402
+
+MODES = {"on": "on", "off": "observe"}
+#: Seconds the requests of a cell may run past its last arrival before they are cancelled.
+DRAIN_S = 60.0
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it (seconds from its arrival)."""
+
+    arrival: float
+    measured: bool
+    tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    refused: bool = False
+    error: str | None = None
+
+    def meets(self, ttft_s: float, tpot_s: float) -> bool:
+        if self.ttft_s is None or self.e2e_s is None or self.error or self.refused:
+            return False
+        tpot = (self.e2e_s - self.ttft_s) / max(self.tokens - 1, 1)
+        return self.ttft_s <= ttft_s and tpot <= tpot_s
+
+
+def repository(model: str, into: Path) -> Path:
+    """A repository with ``<model>_on`` and ``<model>_off`` (admission on / observe)."""
+    for mode, setting in MODES.items():
+        target = into / f"{model}_{mode}"
+        shutil.copytree(MODEL_REPOSITORY / model, target)
+        config = target / "config.pbtxt"
+        config.write_text(
+            config.read_text()
+            + f'\nparameters {{ key: "admission" value: {{ string_value: "{setting}" }} }}\n'
+        )
+    return into
+
+
+async def one(http: httpx.AsyncClient, url: str, body: dict[str, Any], outcome: Outcome) -> None:
+    """Send one request at its arrival; fill ``outcome`` from its SSE stream."""
+    start = time.perf_counter()
+    try:
+        async with http.stream("POST", url, json=body) as reply:
+            if reply.status_code != 200:
+                text = (await reply.aread()).decode(errors="replace")
+                outcome.refused = "SLO admission refused" in text
+                outcome.error = None if outcome.refused else text[:200]
+                outcome.e2e_s = time.perf_counter() - start
+                return
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    outcome.refused = "SLO admission refused" in event["error"]
+                    outcome.error = None if outcome.refused else event["error"][:200]
+                elif outcome.ttft_s is None:
+                    outcome.ttft_s = time.perf_counter() - start
+        outcome.e2e_s = time.perf_counter() - start
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        outcome.error = repr(exc)[:200]
+
+
+async def cell(
+    server: TritonServer,
+    model: str,
+    contract: Contract,
+    prompts: PromptBuilder,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    seed: int,
+) -> list[Outcome]:
+    """Poisson arrivals at ``rate`` for warm-up + duration; every request awaited."""
+    rng = random.Random(seed)
+    cls = contract.traffic.classes[0]
+    slo = {"slo_ttft_ms": contract.slo.ttft_p95_ms, "slo_tpot_ms": contract.slo.tpot_p95_ms}
+    url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
+    outcomes, tasks, t = [], [], rng.expovariate(rate)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        begin = time.perf_counter()
+        while t < warmup_s + duration_s:
+            tokens = draw_length(cls.output_tokens, rng)
+            text = prompts.text(draw_length(cls.input_tokens, rng), rng)
+            parameters = {"max_tokens": tokens, "ignore_eos": True, "temperature": 0, **slo}
+            outcome = Outcome(t, t >= warmup_s, tokens)
+            outcomes.append(outcome)
+            await asyncio.sleep(max(begin + t - time.perf_counter(), 0))
+            body = {"text_input": text, "parameters": parameters}
+            tasks.append(asyncio.create_task(one(http, url, body, outcome)))
+            t += rng.expovariate(rate)
+        # Past the measured window a request still running after DRAIN_S has long missed
+        # its SLO: it is cancelled (the dropped stream cancels it in Triton) and counted
+        # as unfinished, so an overloaded cell ends in bounded time.
+        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S) if tasks else ((), ())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for outcome in outcomes:
+        if outcome.e2e_s is None and outcome.error is None and not outcome.refused:
+            outcome.error = "unfinished"
+    return outcomes
+
+
+def summary(outcomes: list[Outcome], contract: Contract, duration_s: float) -> dict[str, Any]:
+    """Goodput and the targets' other quantities over the measured requests."""
+    measured = [o for o in outcomes if o.measured]
+    ttft_s, tpot_s = contract.slo.ttft_p95_ms / 1000, contract.slo.tpot_p95_ms / 1000
+    good = [o for o in measured if o.meets(ttft_s, tpot_s)]
+    refused = [o for o in measured if o.refused]
+    admitted = [o for o in measured if not o.refused]
+    refusal_ms = sorted(1000 * (o.e2e_s or 0) for o in refused)
+    return {
+        "offered": len(measured),
+        "goodput_rps": len(good) / duration_s,
+        "refused": len(refused),
+        "failed": sum(1 for o in measured if o.error),
+        "admitted_slo_share": len(good) / len(admitted) if admitted else None,
+        "refusal_p99_ms": refusal_ms[min(len(refusal_ms) - 1, int(0.99 * len(refusal_ms)))]
+        if refusal_ms
+        else None,
+        "ttft_p50_s": statistics.median([o.ttft_s for o in admitted if o.ttft_s] or [0]),
+    }
+
+
+_BUCKET = re.compile(r"^vllm:ttft_prediction_error_ratio_bucket\{(.*)\} (\S+)$")
+
+
+def error_buckets(server: TritonServer, model: str) -> dict[float, float]:
+    """Cumulative TTFT prediction-error histogram of ``model``: upper bound → count."""
+    text = httpx.get(server.metrics_url, timeout=10).text
+    found: dict[float, float] = {}
+    for line in text.splitlines():
+        match = _BUCKET.match(line)
+        if match and f'model="{model}"' in match.group(1):
+            le = re.search(r'le="([^"]+)"', match.group(1)).group(1)  # type: ignore[union-attr]
+            found[float(le)] = float(match.group(2))
+    return found
+
+
+def median_bound(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """Upper bound of the bucket holding the median of the samples between two scrapes."""
+    deltas = {le: after.get(le, 0) - before.get(le, 0) for le in sorted(after)}
+    total = deltas.get(float("inf"), 0)
+    if total <= 0:
+        return None
+    return next(le for le, count in deltas.items() if count >= total / 2)
+
+
+def saturation(
+    server: TritonServer,
+    model: str,
+    contract: Contract,
+    prompts: PromptBuilder,
+    rates: list[float],
+    seconds: float,
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """(saturation rate, peak goodput, the sweep's cells) on the model without admission.
+
+    A rate holds when >= 90 % of its requests met the SLO (the contract's rule, without
+    its completion-rate half: an open-loop client here awaits every request).
+    """
+    cells, holding, peak = [], 0.0, 0.0
+    for i, rate in enumerate(rates):
+        outcomes = asyncio.run(cell(server, model, contract, prompts, rate, 0, seconds, i))
+        result = {"rate_rps": rate, **summary(outcomes, contract, seconds)}
+        cells.append(result)
+        peak = max(peak, result["goodput_rps"])
+        share = result["goodput_rps"] * seconds / max(result["offered"], 1)
+        print(f"sweep {rate:g} req/s: goodput {result['goodput_rps']:.2f}, share {share:.2f}")
+        if share < 0.9:
+            break
+        holding = rate
+    return holding or rates[0], peak, cells
+
+
+def overload_cells(
+    server: TritonServer,
+    model: str,
+    contract: Contract,
+    prompts: PromptBuilder,
+    rate_s: float,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """Every multiple x mode x round; modes alternate and multiples rotate per round."""
+    assert contract.overload is not None
+    multiples = list(contract.overload.saturation_multiples)
+    cells = []
+    for round_index in range(args.rounds):
+        order = multiples[round_index:] + multiples[:round_index]
+        for j, multiple in enumerate(order):
+            modes = ["on", "off"] if (round_index + j) % 2 == 0 else ["off", "on"]
+            for mode in modes:
+                name = f"{model}_{mode}"
+                before = error_buckets(server, name)
+                outcomes = asyncio.run(
+                    cell(
+                        server,
+                        name,
+                        contract,
+                        prompts,
+                        multiple * rate_s,
+                        args.warmup_s,
+                        args.duration_s,
+                        1000 * round_index + j,
+                    )
+                )
+                result = {
+                    "round": round_index,
+                    "multiple": multiple,
+                    "mode": mode,
+                    **summary(outcomes, contract, args.duration_s),
+                    "ttft_error_p50_at_most": median_bound(before, error_buckets(server, name)),
+                }
+                cells.append(result)
+                print(json.dumps(result))
+    return cells
+
+
+def environment() -> dict[str, Any]:
+    import vllm
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": len(__import__("os").sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "vllm": vllm.__version__,
+        "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--contract", type=Path, default=REPO / "perf/contracts/overload.yaml")
+    parser.add_argument("--sweep", default="0.25,0.5,1,1.5,2,3", help="rates (req/s)")
+    parser.add_argument("--sweep-s", type=float, default=120, help="seconds per sweep rate")
+    parser.add_argument("--saturation", type=float, help="skip the sweep: this rate (req/s)")
+    parser.add_argument("--duration-s", type=float, help="default: the contract's")
+    parser.add_argument("--warmup-s", type=float, help="default: the contract's")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    contract, digest = load_contract(args.contract)
+    assert contract.overload is not None, "the contract has no overload section"
+    args.duration_s = args.duration_s or contract.overload.duration_s
+    args.warmup_s = contract.overload.warmup_s if args.warmup_s is None else args.warmup_s
+    model = contract.targets[0].model or "vllm_model"
+    prompts = PromptBuilder.for_model(CACHE_DIR / "models" / contract.model)
+    out = REPO / "perf/results/overload" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out.mkdir(parents=True)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        TritonServer.on_free_ports(
+            repository=repository(model, Path(tmp)),
+            models=[f"{model}_on", f"{model}_off"],
+            log_path=out / "server.log",
+        ) as server,
+    ):
+        sweep: list[dict[str, Any]] = []
+        peak = None
+        if args.saturation:
+            rate_s = args.saturation
+        else:
+            rates = [float(r) for r in args.sweep.split(",")]
+            rate_s, peak, sweep = saturation(
+                server, f"{model}_off", contract, prompts, rates, args.sweep_s
+            )
+        cells = overload_cells(server, model, contract, prompts, rate_s, args)
+    reduced = (
+        args.duration_s < contract.overload.duration_s
+        or args.rounds < 3
+        or args.warmup_s < contract.overload.warmup_s
+    )
+    results = {
+        "contract": str(args.contract.relative_to(REPO)),
+        "contract_sha256": digest,
+        "reduced": reduced,
+        "settings": {k: v for k, v in vars(args).items() if k != "contract"},
+        "environment": environment(),
+        "saturation_rps": rate_s,
+        "sweep_peak_goodput_rps": peak,
+        "sweep": sweep,
+        "cells": cells,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
