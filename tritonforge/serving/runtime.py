@@ -1,13 +1,15 @@
-"""The engine-agnostic serving runtime: one event loop, one response thread.
+"""The engine-agnostic serving runtime: one event loop, a few response threads.
 
 ``execute()`` on Triton's thread only registers a request and hands it to the engine's
 event loop, so the engine sees every concurrent request and batches them itself.
-Responses, cancellation checks and metric updates cross into the stub's IPC on a
-separate response thread, so a slow client or a metrics call never stalls the engine.
+Responses, cancellation checks and metric updates cross into the stub's IPC on
+response threads, so a slow client or a metrics call never stalls the engine; each
+request's outbox (outbox.py) keeps its responses in order and coalesces the deltas
+that arrive while one is on its way.
 
 Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serve`` on
-the loop (prepare prompt, iterate engine deltas, stream or aggregate) → responses on
-the response thread → one record for the metrics. A cancelled client request is
+the loop (prepare prompt, iterate engine deltas, stream or aggregate) → its outbox →
+responses on a response thread → one record for the metrics. A cancelled client request is
 noticed by a periodic poll and aborted in the engine, which ends its iterator. A
 request past its deadline (``timeout_s``, or Triton's request ``timeout``) is aborted
 too and answered with :class:`~tritonforge.serving.errors.DeadlineExceeded`.

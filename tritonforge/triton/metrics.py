@@ -26,7 +26,11 @@ E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.
 
 
 class TritonMetrics:
-    """The metric families of one model instance; methods run on the response thread."""
+    """The metric families of one model instance; methods run on a response thread.
+
+    The runtime calls them under one lock: the lazily made per-adapter series are not
+    thread-safe.
+    """
 
     def __init__(self, pb_utils: Any, prefix: str, labels: dict[str, str]) -> None:
         self._family = pb_utils.MetricFamily

@@ -197,7 +197,7 @@ class LLMModel:
         self.runtime.start()
 
     def _engine_failed(self, cause: str) -> None:
-        """The engine died (response thread): leave service now, come back in finalize.
+        """The engine died (a response thread): leave service now, come back in finalize.
 
         Unloading itself makes Triton report the model not ready at once; Triton then
         calls ``finalize`` when the requests the runtime just failed have all had their
@@ -260,7 +260,7 @@ class LLMModel:
         return None
 
     def finalize(self) -> None:
-        self.runtime.stop()  # the response thread is done: nothing records any more
+        self.runtime.stop()  # the response threads are done: nothing records any more
         self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
         if self.admission_metrics is not None:
             self.admission_metrics.close()
