@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import random
 import shutil
@@ -266,6 +267,7 @@ def main() -> None:
     record: dict = {
         "environment": capture(model_dir).model_dump(),
         "variants": variants,
+        "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
         "history_tokens": history_tokens(model_dir, opts),
         "settings": {k: v for k, v in vars(opts).items() if k != "out"},
     }

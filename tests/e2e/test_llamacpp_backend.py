@@ -103,10 +103,10 @@ def every_slot_busy(server):
             blocker.cancel()
 
 
-def timed_stream(server, prompt: str, sampling: dict, stamps: list[float], **kwargs):
+def timed_stream(server, prompt: str, sampling: dict, stamps: list[float], **flags: bool):
     """A streamed request whose responses' arrival times go to ``stamps``."""
-    return stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling),
-                  on_response=lambda n: stamps.append(time.monotonic()), **kwargs)  # fmt: skip
+    return stream(server.grpc_url, MODEL, llm_inputs(prompt, sampling=sampling, **flags),
+                  on_response=lambda n: stamps.append(time.monotonic()))  # fmt: skip
 
 
 def alone(server, prompt: str, sampling: dict = GREEDY) -> str:
@@ -191,16 +191,19 @@ def test_parallel_streams_interleave(server) -> None:
     stamps: list[list[float]] = [[], []]
     with ThreadPoolExecutor(2) as pool:
         futures = [
-            pool.submit(timed_stream, server, f"Count to ten, take {i}:", forced, stamps[i])
+            pool.submit(timed_stream, server, f"Count to ten, take {i}:", forced, stamps[i],
+                        return_num_output_tokens=True)
             for i in range(2)
-        ]
-        assert all(f.result().error is None for f in futures)
+        ]  # fmt: skip
+        results = [f.result() for f in futures]
+    for result in results:  # a response may carry more than one token
+        assert result.error is None and result.outputs("num_output_tokens")
+        assert sum(int(n[0]) for n in result.outputs("num_output_tokens")) == 32
     first, second = stamps
-    assert len(first) == len(second) == 32
     overlap = min(first[-1], second[-1]) - max(first[0], second[0])
     assert overlap > 0, (first[0], first[-1], second[0], second[-1])
     during = sum(second[0] <= t <= second[-1] for t in first)
-    assert during >= 16, during  # most of one stream's tokens arrive within the other's
+    assert during >= len(first) // 2, (during, len(first))  # most arrive within the other's
 
 
 def test_cancelling_one_sequence_leaves_the_others_text_unchanged(server) -> None:

@@ -24,8 +24,8 @@ from tritonforge.launch.launcher import TritonServer, server_environment
 MODEL = "vllm_lora_model"
 LLAMACPP = "llamacpp_lora_model"
 GREEDY = {"temperature": 0, "max_tokens": 10}
-#: The adapters are small random LoRAs: with llama.cpp's flash attention smol-alpha's
-#: greedy text leaves the base model's only at its 13th token (measured here).
+#: The adapters are small random LoRAs: smol-alpha's greedy llama.cpp text leaves the
+#: base model's at its 6th token, or its 13th with flash_attn (measured here).
 LLAMACPP_GREEDY = {"temperature": 0, "max_tokens": 24}
 PROMPT = "The three primary colours are"
 #: The base model (None) and both adapters of multi_lora.json.

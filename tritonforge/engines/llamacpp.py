@@ -9,14 +9,15 @@ number of sequences decoded together (llama-server's slots), and ``kv_unified``.
 Continuous batching: the ``Llama`` object loads the model, tokenizer and chat template;
 the serving context is this adapter's own, built from ``Llama``'s parameters with
 ``n_seq_max`` = ``n_parallel`` and ``n_ctx`` = ``n_parallel`` x context. Its KV cache is
-split per sequence (``kv_unified`` false) because that measured as fast here, and a
-sequence's logits are then bit-for-bit the same whether it runs alone or beside
-others, which a unified cache did not give. One worker thread owns the context (its
-calls block); every step it lets waiting requests into free slots, evaluates one
-prompt block, and decodes one token for every generating sequence in a single
-``llama_decode`` call. The event loop only moves deltas. A request that finishes or is
-cancelled leaves between steps; its generated tokens' KV cells are freed at once and its
-prompt's cells stay as that slot's prompt cache (see :mod:`.llamacpp_slots` for slot
+split per sequence (``kv_unified`` false by default): a unified one evaluated prompts
+slower in every round measured (perf/results/llamacpp-step), and a sequence's logits
+measured bit-for-bit the same alone and beside others. One worker thread owns the
+context (its calls block); every step it lets waiting requests into free slots,
+evaluates one prompt block (a call of its own), and decodes one token for every
+generating sequence in a single ``llama_decode`` call. The event loop only moves
+deltas. A request that finishes or is cancelled leaves between steps; its generated
+tokens' KV cells are freed at once and its prompt's cells stay as that slot's prompt
+cache (see :mod:`.llamacpp_slots` for slot
 choice, prefix reuse by whole blocks and why, and how LoRA adapters take turns).
 
 Requests beyond the slots wait, first come first served. The wait is bounded by the
