@@ -407,7 +407,7 @@ def serve_and_measure(
                 server.grpc_url, log_path=run_dir / "logs" / "openai.log"
             )
             frontend.start()
-            frontend.wait_ready()
+            frontend.wait_ready(timeout_s=180)  # a busy 2-core host imports slowly
         endpoints = Endpoints(
             grpc=server.grpc_url,
             http=server.http_url,
