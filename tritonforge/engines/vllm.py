@@ -57,7 +57,8 @@ from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.serving.sampling import SamplingParams
 
-# Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler.
+# Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler
+# (which vLLM sets up while it builds the engine: the lines are logged after that).
 _log = init_logger("vllm.tritonforge")
 
 
@@ -147,6 +148,8 @@ class VllmEngine(HFTokenizedEngine):
         #: What base-model requests run with while adapters are served (None: no adapter).
         self._base_lora: LoRARequest | None = None
         self._scratch: Path | None = None
+        #: Why each host-dependent setting is what it is (logged once vLLM's logging is set up).
+        self._settings_log: tuple[str, ...] = ()
         if engine_args.scheduling_policy == "priority":
             self.priority_unsupported = None
         else:
@@ -164,10 +167,10 @@ class VllmEngine(HFTokenizedEngine):
         """
         resolved = for_this_host(settings, current_platform.is_cpu())
         os.environ.update(resolved.env)
-        for line in resolved.reasons:
-            _log.info(line)
         # Never log prompts: vLLM's request logging stays off whatever the file says.
-        return cls(AsyncEngineArgs(**{**resolved.engine, "enable_log_requests": False}))
+        engine = cls(AsyncEngineArgs(**{**resolved.engine, "enable_log_requests": False}))
+        engine._settings_log = resolved.reasons
+        return engine
 
     def serve_adapters(self, adapters: tuple[LoraAdapter, ...]) -> None:
         """Check the adapters against the engine's LoRA settings now, not at a request."""
@@ -194,6 +197,8 @@ class VllmEngine(HFTokenizedEngine):
 
     async def start(self) -> None:
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
+        for line in self._settings_log:  # vLLM configures its loggers while building the engine
+            _log.info(line)
         self._tokenizer = self._engine.get_tokenizer()
         self._max_context = self._engine.model_config.max_model_len
         self._vocab_size = self._engine.model_config.get_vocab_size()
