@@ -20,7 +20,8 @@ tokens' KV cells are freed at once and its prompt's cells stay as that slot's pr
 cache (see :mod:`.llamacpp_slots` for slot
 choice, prefix reuse by whole blocks and why, and how LoRA adapters take turns).
 
-Requests beyond the slots wait, first come first served. The wait is bounded by the
+Requests beyond the slots wait in priority order (``priority``, lower first), first come
+first served within a priority. The wait is bounded by the
 runtime's ``max_inflight`` (slots plus queue, in config.pbtxt): past it a request gets
 the "busy" error at once rather than a wait of unknown length. A request aborted while
 waiting never reaches the context.
@@ -260,6 +261,7 @@ class _Context:
 class LlamaCppEngine(Engine):
     metric_prefix = "llamacpp"
     config_file = ConfigFile("model.json", path_keys=("model_path",))
+    priority_unsupported = None  # the waiting line is kept in priority order (_enqueue)
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self._settings = settings
@@ -272,7 +274,7 @@ class LlamaCppEngine(Engine):
         self._formatter: Jinja2ChatFormatter | None = None
         self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._waiting: deque[_Job] = deque()  # the worker's, in arrival order
+        self._waiting: deque[_Job] = deque()  # the worker's, by priority then arrival
         self._running: list[_Sequence] = []  # the worker's, in admission order
         self._slots = [Slot(seq_id) for seq_id in range(self._n_parallel)]
         self._tick = 0
@@ -478,10 +480,19 @@ class LlamaCppEngine(Engine):
                 if item is None:
                     stop = True
                 else:
-                    self._waiting.append(item)
+                    self._enqueue(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return stop
+
+    def _enqueue(self, job: _Job) -> None:
+        """Into the waiting line behind every job of its priority or a more urgent one."""
+        urgency = job.sampling.priority
+        at = next(
+            (i for i, w in enumerate(self._waiting) if w.sampling.priority > urgency),
+            len(self._waiting),
+        )
+        self._waiting.insert(at, job)
 
     def _retire_cancelled(self) -> None:
         for sequence in [s for s in self._running if s.job.cancel.is_set()]:
@@ -489,7 +500,7 @@ class LlamaCppEngine(Engine):
             sequence.job.deliver(ABORTED)
 
     def _admit(self) -> None:
-        """Give free slots to waiting jobs, first come first served (adapters take turns)."""
+        """Give free slots to waiting jobs in line order (adapters take turns)."""
         while self._waiting:
             job = self._waiting[0]
             if job.state is _JobState.DROPPED:

@@ -17,9 +17,9 @@ logits, and a seeded request would not always reproduce. Generated tokens are ne
 reused for the same reason (they were evaluated one per call).
 
 A LoRA adapter is set on the whole context, so the running sequences share one. The
-queue is served first come, first served; when its oldest request needs another
-adapter, no further request joins until the running ones finish, then the context
-switches: adapters take turns and none waits behind a stream of others.
+queue is served by priority, first come first served within one; when its first
+request needs another adapter, no further request joins until the running ones finish,
+then the context switches: adapters take turns and none waits behind a stream of others.
 """
 
 from __future__ import annotations

@@ -125,3 +125,16 @@ def test_vllm_orders_by_priority_only_under_its_priority_policy(
         assert 'set "scheduling_policy": "priority" in model.json' in str(
             engine.priority_unsupported
         )
+
+
+def test_llamacpp_keeps_its_waiting_line_in_priority_order() -> None:
+    """Lower first; first come first served within a priority (no model needed)."""
+    from tritonforge.engines.llamacpp import LlamaCppEngine, _Job
+
+    engine = LlamaCppEngine({"model_path": "unused.gguf"})
+    assert engine.priority_unsupported is None
+    arrivals = [("a", 0), ("b", 5), ("c", -3), ("d", 0), ("e", -3)]
+    for name, priority in arrivals:
+        sampling = parse(priority=priority).sampling
+        engine._enqueue(_Job(name, [1], sampling, None, lambda item: None))
+    assert [job.request_id for job in engine._waiting] == ["c", "e", "a", "d", "b"]
