@@ -189,6 +189,11 @@ class SyntheticSequence:
 
 
 class SyntheticEngine(HFTokenizedEngine):
+    """The scheduler (one asyncio task on the runtime's loop) and the request generators.
+
+    Metrics carry vLLM's prefix: the engine stands in for a vLLM-like server.
+    """
+
     metric_prefix = "vllm"
     config_file = ConfigFile("model.json", path_keys=("tokenizer",))
 
@@ -225,14 +230,16 @@ class SyntheticEngine(HFTokenizedEngine):
 
     def failure(self) -> str | None:
         scheduler = self._scheduler
-        if scheduler is not None and scheduler.done():
-            return "the synthetic engine's scheduler stopped"
-        return None
+        if scheduler is None or not scheduler.done():
+            return None
+        error = None if scheduler.cancelled() else scheduler.exception()
+        return f"the synthetic engine's scheduler stopped ({error!r})"
 
     def stats(self) -> EngineStats:
-        used = sum(s.prompt_tokens + s.decoding.generated for s in self._running)
+        running = [s for s in self._running if not s.done]
+        used = sum(s.prompt_tokens + s.decoding.generated for s in running)
         waiting = sum(1 for s in self._waiting if not s.done)
-        return EngineStats(len(self._running), waiting, min(used / self._kv_tokens, 1.0))
+        return EngineStats(len(running), waiting, min(used / self._kv_tokens, 1.0))
 
     # --- requests ------------------------------------------------------------------
 

@@ -320,3 +320,23 @@ def test_stats_report_running_waiting_and_kv_usage() -> None:
     assert during.waiting == 1 and 0 < (during.kv_cache_usage or 0) <= 1
     assert (after.running, after.waiting, after.kv_cache_usage) == (0, 0, 0)
     assert e.metric_prefix == "vllm"
+
+
+def test_a_scheduler_that_dies_is_reported_as_the_engines_failure() -> None:
+    e = engine(output_length={"dist": "fixed", "value": 5})
+
+    def broken_step() -> None:
+        raise RuntimeError("step exploded")
+
+    async def body() -> str | None:
+        assert e.failure() is None
+        e._step = broken_step  # type: ignore[method-assign]
+        ids = tuple(e.tokenize(PROMPT, True))
+        stream = e.generate("r", PreparedPrompt(ids), SamplingParams(max_tokens=5))
+        waiting = asyncio.ensure_future(anext(stream))
+        while e.failure() is None:
+            await asyncio.sleep(0.001)
+        waiting.cancel()
+        return e.failure()
+
+    assert "step exploded" in (run(e, body) or "")
