@@ -16,7 +16,7 @@ from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, models_dir
 from tritonforge.repo import cli
 from tritonforge.repo.checks import ModelReport, check_repository
 from tritonforge.repo.engines import KnownArgs
-from tritonforge.repo.generate import AddRequest, add
+from tritonforge.repo.generate import AddError, AddRequest, add
 
 KNOWN = {
     "vllm": KnownArgs(
@@ -415,3 +415,25 @@ def test_cli_add_refusal_is_one_line_on_stderr(tmp_path, repo_env, monkeypatch, 
     err = capsys.readouterr().err
     assert err.startswith("error: not written, the new model would not load:")
     assert "model directory" in err and "does not exist" in err
+
+
+def test_a_synthetic_model_needs_a_tokenizer_directory(tmp_path, models_root, repo_env) -> None:
+    root = tmp_path / "synthetic-repo"
+    tokenizer = models_root / "tiny-hf"
+    request = AddRequest("synthetic", "$TRITONFORGE_MODELS/tiny-hf", "sim", root)
+    with pytest.raises(AddError, match=r"tiny-hf .* has no tokenizer_config\.json"):
+        add(request, repo_env, known_synthetic)
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    add(request, repo_env, known_synthetic)
+    report = check(root, repo_env, known_synthetic)["sim"]
+    assert report.kind == "synthetic" and report.errors == []
+    edit(root / "sim" / "1" / "model.json", '"tokenizer"', '"step_ms": 1, "tokeniser"')
+    problems = errors(root, repo_env, "sim", known_synthetic)
+    assert any("'tokeniser' is not a synthetic engine argument" in e for e in problems)
+
+
+def known_synthetic(engine: str) -> KnownArgs:
+    """The synthetic engine's real settings list (reading it imports nothing heavy)."""
+    from tritonforge.repo.engines import known_args
+
+    return known_args(engine)
