@@ -101,7 +101,11 @@ async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Rando
 async def _sse_disconnect(
     session: aiohttp.ClientSession, http_url: str, model: str, rng: random.Random
 ) -> bool:
-    body = {"text_input": "Tell a story.", "parameters": {"max_tokens": 64, "temperature": 0.8}}
+    body = {
+        "text_input": "Tell a story.",
+        "stream": True,  # one event per step (without it: one event for the whole answer)
+        "parameters": {"max_tokens": 64, "temperature": 0.8},
+    }
     url = f"http://{http_url}/v2/models/{model}/generate_stream"
     events, stop_after = 0, rng.randint(1, 8)
     try:
