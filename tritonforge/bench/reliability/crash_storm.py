@@ -17,7 +17,9 @@ Patterns (gRPC streams unless said otherwise):
   request's completion);
 - ``after_final``: cancelled the moment its FINAL response arrived, the call still open;
 - ``sse_disconnect``: HTTP ``generate_stream`` whose connection is dropped after 1-8
-  events.
+  events;
+- ``openai_disconnect``: a streamed chat completion through the OpenAI frontend (started
+  beside the server for this pattern), dropped after 1-8 events.
 
 ``python -m tritonforge.bench.reliability.crash_storm --models vllm_model --cancels 5000``
 writes ``perf/results/crash-storm/<UTC time>/results.json`` and ``report.md``.
@@ -41,12 +43,13 @@ import aiohttp
 import grpc
 
 from tritonforge.bench.reliability.clients import GrpcStream, grpc_request
-from tritonforge.launch.launcher import TritonServer
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.supervisor import exit_cause
 from tritonforge.openai.triton_client import CHANNEL_ARGS
 from tritonforge.paths import REPO_ROOT
 
-PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", "sse_disconnect")
+HTTP_PATTERNS = ("sse_disconnect", "openai_disconnect")
+PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", *HTTP_PATTERNS)
 RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "crash-storm"
 #: A crash is attributed to the cancels issued in this window before it.
 BLAME_WINDOW_S = 1.0
@@ -99,14 +102,9 @@ async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Rando
 
 
 async def _sse_disconnect(
-    session: aiohttp.ClientSession, http_url: str, model: str, rng: random.Random
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], rng: random.Random
 ) -> bool:
-    body = {
-        "text_input": "Tell a story.",
-        "stream": True,  # one event per step (without it: one event for the whole answer)
-        "parameters": {"max_tokens": 64, "temperature": 0.8},
-    }
-    url = f"http://{http_url}/v2/models/{model}/generate_stream"
+    """POST a streamed request to ``url`` and drop the connection after 1-8 events."""
     events, stop_after = 0, rng.randint(1, 8)
     try:
         async with asyncio.timeout(120), session.post(url, json=body) as reply:
@@ -118,6 +116,25 @@ async def _sse_disconnect(
     except (aiohttp.ClientError, TimeoutError):
         pass
     return False
+
+
+def _sse_target(pattern: str, storm: Storm, model: str) -> tuple[str, dict[str, Any]]:
+    """Where an HTTP pattern sends its request, and the body: Triton's or OpenAI's."""
+    if pattern == "openai_disconnect":
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": 64,
+            "temperature": 0.8,
+            "stream": True,
+        }
+        return f"{storm.openai_url}/chat/completions", body
+    body = {
+        "text_input": "Tell a story.",
+        "stream": True,  # one event per step (without it: one event for the whole answer)
+        "parameters": {"max_tokens": 64, "temperature": 0.8},
+    }
+    return f"http://{storm.server.http_url}/v2/models/{model}/generate_stream", body
 
 
 @dataclass
@@ -136,6 +153,7 @@ class Storm:
     server: TritonServer
     models: list[str]
     rng: random.Random
+    openai_url: str | None = None  # the OpenAI frontend's /v1, for openai_disconnect
     cancels: Counter[str] = field(default_factory=Counter)
     recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=4096))
     crashes: list[Crash] = field(default_factory=list)
@@ -162,8 +180,9 @@ def log_tail(path: Path | None, lines: int = 60) -> list[str]:
 
 async def _one(storm: Storm, pattern: str, channel: Any, session: aiohttp.ClientSession) -> bool:
     model = storm.rng.choice(storm.models)
-    if pattern == "sse_disconnect":
-        done = await _sse_disconnect(session, storm.server.http_url, model, storm.rng)
+    if pattern in HTTP_PATTERNS:
+        url, body = _sse_target(pattern, storm, model)
+        done = await _sse_disconnect(session, url, body, storm.rng)
     else:
         done = await _grpc_cancel(pattern, channel, model, storm.rng)
     if done and storm.serving.is_set():
@@ -218,9 +237,10 @@ async def run_storm(
     concurrency: int,
     seed: int,
     until: dict[str, float],
+    openai_url: str | None = None,
 ) -> Storm:
     """Storm a ready ``server`` until ``until``'s cancels, crashes or minutes are reached."""
-    storm = Storm(server, models, random.Random(seed))
+    storm = Storm(server, models, random.Random(seed), openai_url)
     storm.serving.set()
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(storm, stop))
@@ -316,15 +336,31 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer.on_free_ports(
         models=args.models, log_path=out / "server.log", extra_args=extra
     )
+    frontend = None
+    if "openai_disconnect" in args.patterns:
+        frontend = OpenAIFrontend.on_free_port(server.grpc_url, log_path=out / "openai.log")
     server.start()
     try:
         server.wait_ready()
         env.tritonserver = tritonserver_version(server.http_url)
+        if frontend is not None:
+            frontend.start()
+            frontend.wait_ready()
         until = {"cancels": args.cancels, "crashes": args.max_crashes, "minutes": args.minutes}
         storm = asyncio.run(
-            run_storm(server, args.models, args.patterns, args.concurrency, args.seed, until)
+            run_storm(
+                server,
+                args.models,
+                args.patterns,
+                args.concurrency,
+                args.seed,
+                until,
+                frontend.base_url if frontend else None,
+            )
         )
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
     result = {
         "started_utc": stamp,
