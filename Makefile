@@ -7,8 +7,10 @@ CONTRACT ?= perf/contracts/smoke.yaml
 MINUTES ?= 5
 CONCURRENCY ?= 64
 SOAK_MODELS ?= vllm_model ensemble_vllm
+CANCELS ?= 5000
+STORM_MODELS ?= vllm_model ensemble_vllm guarded_chat
 
-.PHONY: serve test test-numerics setup bench-venv bench soak lint format
+.PHONY: serve test test-numerics setup bench-venv bench soak crash-storm lint format
 
 setup:
 	@scripts/bootstrap.sh
@@ -44,6 +46,12 @@ bench: setup bench-venv
 ## perf/results/reliability/<UTC time>/. Example: make soak MINUTES=3 CONCURRENCY=64
 soak: setup
 	$(PY) -m tritonforge.bench soak --minutes $(MINUTES) --concurrency $(CONCURRENCY) --models $(SOAK_MODELS)
+
+## tritonserver crashes per 1,000 cancelled requests, by when the cancel comes (README.md,
+## "Reliability"), on a server of its own; not part of `make test`. Writes
+## perf/results/crash-storm/<UTC time>/. Example: make crash-storm CANCELS=1000
+crash-storm: setup
+	$(PY) -m tritonforge.bench.reliability.crash_storm --cancels $(CANCELS) --models $(STORM_MODELS)
 
 ## ruff, then mypy (pyproject.toml: strict except on the tools: bench/, launch/, repo/).
 lint: setup
