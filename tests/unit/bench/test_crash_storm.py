@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonforge.bench.reliability.crash_storm import Storm, _watch, rates, report
+from tritonforge.bench.reliability.crash_storm import Storm, _watch, rates, report, storm_models
 from tritonforge.launch.launcher import stop_session
 
 
@@ -88,3 +88,9 @@ def test_a_crash_is_recorded_with_the_cancels_before_it_and_the_server_restarted
         }
     )
     assert "1 crash(es) in 12 cancels" in text and "Signal (11) received." in text
+
+
+def test_the_storm_loads_what_its_models_call() -> None:
+    loaded = storm_models(["ensemble_vllm", "guarded_chat"])
+    assert {"preprocessing", "vllm_model", "postprocessing", "guard"} <= set(loaded)
+    assert len(loaded) == len(set(loaded))

@@ -43,10 +43,11 @@ import aiohttp
 import grpc
 
 from tritonforge.bench.reliability.clients import GrpcStream, grpc_request
+from tritonforge.bench.reliability.models import models_to_load
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.supervisor import exit_cause
 from tritonforge.openai.triton_client import CHANNEL_ARGS
-from tritonforge.paths import REPO_ROOT
+from tritonforge.paths import MODEL_REPOSITORY, REPO_ROOT
 
 HTTP_PATTERNS = ("sse_disconnect", "openai_disconnect")
 PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", *HTTP_PATTERNS)
@@ -308,6 +309,18 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def storm_models(models: list[str]) -> list[str]:
+    """What the server must load for ``models``: an ensemble's steps, and the models
+    guarded_chat calls (its BLS calls the guard and the model its ``llm_model`` names)."""
+    from tritonforge.repo import pbtxt
+
+    needed = list(models)
+    if "guarded_chat" in models:
+        config = pbtxt.read(MODEL_REPOSITORY / "guarded_chat" / "config.pbtxt")
+        needed += ["guard", config.parameters["llm_model"].string_value]
+    return models_to_load(needed)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.bench.reliability.crash_storm")
     parser.add_argument("--models", nargs="+", default=["vllm_model"])
@@ -334,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     env = capture(ensure_default_model(quiet=True), code)
     extra = ["--log-verbose=1"] if args.verbose_log else []
     server = TritonServer.on_free_ports(
-        models=args.models, log_path=out / "server.log", extra_args=extra
+        models=storm_models(args.models), log_path=out / "server.log", extra_args=extra
     )
     frontend = None
     if "openai_disconnect" in args.patterns:
