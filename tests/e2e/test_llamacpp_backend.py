@@ -148,22 +148,26 @@ def test_queue_is_bounded_and_refuses_past_max_inflight(server) -> None:
 
 
 def test_queued_requests_start_in_arrival_order(server) -> None:
-    order: list[int] = []
+    """Slots are freed one at a time; each time the oldest waiting request starts (and,
+    being long, keeps the slot, so the next one waits for the next slot)."""
+    started: list[int] = []
     queued = []
     try:
-        with every_slot_busy(server):
+        with every_slot_busy(server) as blockers:
             for i in range(3):
                 queued.append(
-                    OpenStream(server, f"Item {i}:", SHORT, on_first=lambda i=i: order.append(i))
+                    OpenStream(server, f"Item {i}:", LONG, on_first=lambda i=i: started.append(i))
                 )
                 wait_for(lambda n=i + 1: gauge(server, "num_requests_waiting") == n,
                          what=f"{i + 1} queued")  # fmt: skip
-        for request in queued:
-            request.first_response()
+            for i in range(3):
+                blockers[i].cancel()
+                wait_for(lambda n=i + 1: len(started) == n, what=f"request {i} to start")
+                assert started == list(range(i + 1))
+                assert gauge(server, "num_requests_waiting") == 2 - i
     finally:
         for request in queued:
             request.cancel()
-    assert order == [0, 1, 2]
 
 
 def test_request_cancelled_while_queued_never_runs(server) -> None:

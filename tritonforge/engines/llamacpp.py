@@ -11,7 +11,10 @@ the serving context is this adapter's own, built from ``Llama``'s parameters wit
 ``n_seq_max`` = ``n_parallel`` and ``n_ctx`` = ``n_parallel`` x context. Its KV cache is
 split per sequence (``kv_unified`` false by default): a unified one evaluated prompts
 slower in every round measured (perf/results/llamacpp-step), and a sequence's logits
-measured bit-for-bit the same alone and beside others. One worker thread owns the
+measured bit-for-bit the same alone and beside others. ``flash_attn`` must stay on for
+that: llama.cpp's other attention kernel sums over masked cells too, so an answer would
+depend on which cells of its slot a sequence landed in after earlier requests (a seeded
+request sent twice gave two texts). One worker thread owns the
 context (its calls block); every step it lets waiting requests into free slots,
 evaluates one prompt block (a call of its own), and decodes one token for every
 generating sequence in a single ``llama_decode`` call. The event loop only moves
@@ -306,6 +309,7 @@ class LlamaCppEngine(Engine):
         # n_ctx x n_vocab floats.
         settings["logits_all"] = False
         settings.setdefault("verbose", False)
+        settings.setdefault("flash_attn", True)  # see the module docstring
         # Penalties should see the whole generation, as vLLM's do, not the last 64 tokens.
         settings.setdefault("last_n_tokens_size", settings.get("n_ctx", 512))
         return cls(settings)
