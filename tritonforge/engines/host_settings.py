@@ -1,16 +1,17 @@
 """vLLM engine settings that fit the host, resolved once at load.
 
-Why: vLLM's own defaults waste a small CPU host. Its ``dtype: auto`` takes the model's
+Why: vLLM's own defaults do not fit every host. Its ``dtype: auto`` takes the model's
 bfloat16 even where the CPU has no bfloat16 instructions (AVX2 only), where bfloat16
-matmuls are several times slower than float32; and its ``auto`` OpenMP binding keeps one
-core for the EngineCore process, which on a 2-core host leaves the model worker one core.
+matmuls are several times slower than float32; its ``auto`` OpenMP binding follows NUMA
+nodes and SMT siblings, not the cores the server process was given.
 So the adapter resolves, from the CPU's flags, ``model.json`` and the environment:
 
 - ``dtype``: ``auto`` becomes ``float32`` on a CPU without AVX512-BF16 and AMX-BF16;
   elsewhere (such CPUs, GPUs) ``auto`` stays vLLM's choice. An explicit dtype wins.
 - OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND``, read by vLLM when it starts its worker):
-  every core this process may run on. An explicit environment variable wins, then
-  ``cpu_omp_threads_bind`` in ``model.json``.
+  the cores this process may run on (its affinity) but one, which EngineCore's polling
+  keeps busy. An explicit environment variable wins, then ``cpu_omp_threads_bind`` in
+  ``model.json`` (``"all"``: every core, for a machine given to the server alone).
 - ``enforce_eager``: true on CPU (a compiled graph costs start-up and gave no faster
   step); left to vLLM elsewhere. An explicit value wins.
 
@@ -107,14 +108,19 @@ def _binding(settings: Mapping[str, Any], host: Host, env: Mapping[str, str]) ->
         if not isinstance(value, str) or not value:
             raise ValueError(
                 f"model.json: {BIND_KEY} must be a non-empty string such as "
-                f'"0-3", "auto" or "nobind"; got {value!r}'
+                f'"all", "0-3", "auto" or "nobind"; got {value!r}'
             )
+        if value == "all" and host.cores:
+            return cpu_list(host.cores), f"{BIND_KEY} all in model.json: every core it may use"
         return value, f"{BIND_KEY} set in model.json"
     if not host.cpu or not host.cores:
         return "", "not a CPU: no OpenMP binding"
-    return cpu_list(host.cores), (
-        f"every core this process may use ({len(host.cores)}); vLLM's auto keeps one "
-        "for EngineCore, which idles while the worker computes"
+    if len(host.cores) == 1:
+        return cpu_list(host.cores), "the one core this process may use"
+    return cpu_list(host.cores[:-1]), (
+        f"the cores this process may use but one ({len(host.cores) - 1} of "
+        f"{len(host.cores)}), left to EngineCore, which polls its queue while the worker "
+        "computes: threads on every core wait at each barrier for a core it holds"
     )
 
 

@@ -53,11 +53,24 @@ def test_an_explicit_dtype_always_wins(host: Host) -> None:
     assert resolved.reasons[0] == "engine setting dtype=bfloat16: set in model.json"
 
 
-def test_binding_takes_every_core_the_process_may_use() -> None:
-    host = Host(cpu=True, flags=frozenset(), cores=(2, 3, 4, 7))
+def test_binding_takes_the_cores_the_process_may_use_but_one_left_to_enginecore() -> None:
+    host = Host(cpu=True, flags=frozenset(), cores=(2, 3, 4, 7, 9))
     resolved = resolve_host_settings(SHIPPED, host, {})
     assert resolved.env == {BIND_ENV: "2-4,7"}
-    assert resolved.reasons[1].startswith(f"engine setting {BIND_ENV}=2-4,7: every core")
+    assert resolved.reasons[1].startswith(f"engine setting {BIND_ENV}=2-4,7: the cores")
+    assert "EngineCore" in resolved.reasons[1]
+    assert resolve_host_settings(SHIPPED, AVX2, {}).env == {BIND_ENV: "0"}
+
+
+def test_a_single_core_is_the_workers() -> None:
+    host = Host(cpu=True, flags=frozenset(), cores=(3,))
+    assert resolve_host_settings(SHIPPED, host, {}).env == {BIND_ENV: "3"}
+
+
+def test_all_in_model_json_binds_every_core() -> None:
+    resolved = resolve_host_settings({**SHIPPED, BIND_KEY: "all"}, AVX2, {})
+    assert resolved.env == {BIND_ENV: "0-1"}
+    assert "every core" in resolved.reasons[1]
 
 
 def test_an_explicit_binding_variable_wins_and_is_left_alone() -> None:
