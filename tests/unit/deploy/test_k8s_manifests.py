@@ -36,49 +36,51 @@ SCHEMA_KINDS = {
 }
 
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
-#: The ServiceMonitor fields these manifests use (monitoring.coreos.com/v1), closed.
-SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "additionalProperties": False,
-            "properties": {"name": {"type": "string"}, "labels": _LABELS},
+
+
+def closed(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON-schema object that takes only ``properties``: a misspelt field fails."""
+    schema: dict[str, Any] = {"type": "object"}
+    if required:
+        schema["required"] = list(required)
+    return schema | {"additionalProperties": False, "properties": properties}
+
+
+def custom_resource_schema(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A CRD kubernetes-validate has no schema for: the fields used, closed to others."""
+    return closed(
+        {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": closed({"name": {"type": "string"}, "labels": _LABELS}, ("name",)),
+            "spec": spec,
         },
-        "spec": {
-            "type": "object",
-            "required": ["selector", "endpoints"],
-            "additionalProperties": False,
-            "properties": {
-                "selector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"matchLabels": _LABELS},
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["port"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                            "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                        },
-                    },
-                },
-            },
-        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    )
+
+
+_DURATION = {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}
+_ENDPOINT = closed(
+    {
+        "port": {"type": "string"},
+        "path": {"type": "string", "pattern": "^/"},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
     },
-}
+    ("port",),
+)
+#: The ServiceMonitor fields these manifests use (monitoring.coreos.com/v1), closed.
+SERVICE_MONITOR_SCHEMA = custom_resource_schema(
+    "monitoring.coreos.com/v1",
+    "ServiceMonitor",
+    closed(
+        {
+            "selector": closed({"matchLabels": _LABELS}),
+            "endpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
+        },
+        ("selector", "endpoints"),
+    ),
+)
 
 
 def documents() -> list[tuple[Path, dict[str, Any]]]:

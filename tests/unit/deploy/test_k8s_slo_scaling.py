@@ -11,71 +11,52 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
 
-from tests.unit.deploy.test_k8s_manifests import by_kind, config_data
+from tests.unit.deploy.test_k8s_manifests import (
+    by_kind,
+    closed,
+    config_data,
+    custom_resource_schema,
+)
 
 SOURCE = Path(__file__).resolve().parents[3] / "tritonforge" / "triton" / "admission_metrics.py"
 
-_TRIGGER = {
-    "type": "object",
-    "required": ["type", "metadata"],
-    "additionalProperties": False,
-    "properties": {
+_TRIGGER = closed(
+    {
         "type": {"const": "prometheus"},
         "metricType": {"enum": ["Value", "AverageValue", "Utilization"]},
-        "metadata": {
-            "type": "object",
-            "required": ["serverAddress", "query", "threshold"],
-            "additionalProperties": False,
-            "properties": {
+        "metadata": closed(
+            {
                 "serverAddress": {"type": "string", "pattern": "^https?://"},
                 "query": {"type": "string"},
                 "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
             },
-        },
+            ("serverAddress", "query", "threshold"),
+        ),
     },
-}
+    ("type", "metadata"),
+)
 #: The ScaledObject fields this manifest uses (keda.sh/v1alpha1), closed.
-SCALED_OBJECT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "ScaledObject"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string"},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            },
+SCALED_OBJECT_SCHEMA = custom_resource_schema(
+    "keda.sh/v1alpha1",
+    "ScaledObject",
+    closed(
+        {
+            "scaleTargetRef": closed(
+                {"name": {"type": "string"}, "kind": {"type": "string"}}, ("name",)
+            ),
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "triggers": {"type": "array", "minItems": 1, "items": _TRIGGER},
         },
-        "spec": {
-            "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
-            "additionalProperties": False,
-            "properties": {
-                "scaleTargetRef": {
-                    "type": "object",
-                    "required": ["name"],
-                    "additionalProperties": False,
-                    "properties": {"name": {"type": "string"}, "kind": {"type": "string"}},
-                },
-                "minReplicaCount": {"type": "integer", "minimum": 0},
-                "maxReplicaCount": {"type": "integer", "minimum": 1},
-                "pollingInterval": {"type": "integer", "minimum": 1},
-                "cooldownPeriod": {"type": "integer", "minimum": 0},
-                "triggers": {"type": "array", "minItems": 1, "items": _TRIGGER},
-            },
-        },
-    },
-}
+        ("scaleTargetRef", "triggers"),
+    ),
+)
 
 
 def exported(series: str) -> bool:
