@@ -146,6 +146,13 @@ class RecordingLogger:
         self.errors.append(msg)
 
 
+def word_script(tokens: int) -> list[EngineOutput]:
+    """``tokens`` deltas "w0 ", "w1 ", … then "end", the last one finishing on length."""
+    return [EngineOutput(text=f"w{i} ", token_ids=[i]) for i in range(tokens - 1)] + [
+        EngineOutput(text="end", token_ids=[tokens - 1], finished=True, finish_reason="length")
+    ]
+
+
 def sampling_request(stream: bool, **sampling: object) -> GenerateRequest:
     """A parsed request for the prompt "hi" with ``sampling`` as its JSON parameters."""
     inputs = {

@@ -23,6 +23,7 @@ from tests.fakes import (
     RecordingMetrics,
     ScriptedEngine,
     sampling_request,
+    word_script,
 )
 from tritonforge.engines.base import EngineOutput, PreparedPrompt
 from tritonforge.serving.errors import DeadlineExceeded, RequestError
@@ -31,9 +32,7 @@ from tritonforge.serving.sampling import SamplingParams
 from tritonforge.serving.schema import parse_request
 
 #: 50 tokens; at 0.1 s each a request needs 5 s, far past the deadlines used here.
-LONG = [EngineOutput(text=f"w{i} ", token_ids=[i]) for i in range(49)] + [
-    EngineOutput(text="end", token_ids=[49], finished=True, finish_reason="length")
-]
+LONG = word_script(50)
 
 
 request = sampling_request

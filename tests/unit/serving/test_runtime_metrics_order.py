@@ -17,12 +17,10 @@ from tests.fakes import (
     ScriptedEngine,
     sampling_request,
     serve_once,
+    word_script,
 )
-from tritonforge.engines.base import EngineOutput
 
-SCRIPT = [EngineOutput(text=f"w{i} ", token_ids=[i]) for i in range(5)] + [
-    EngineOutput(text="end", token_ids=[5], finished=True, finish_reason="length")
-]
+SCRIPT = word_script(6)
 
 
 class CountingChannel(RecordingChannel):
