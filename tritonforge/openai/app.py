@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from tritonforge.openai import translate
+from tritonforge.openai import tools, translate
 from tritonforge.openai.chunks import TextChunks
 from tritonforge.openai.errors import (
     TRITON_DOWN_RETRY_AFTER_S,
@@ -54,6 +54,7 @@ from tritonforge.openai.responses import (
     OpenAIObject,
     to_json,
 )
+from tritonforge.openai.tools import ToolCall, ToolPlan
 from tritonforge.openai.translate import ModelOutput, ResponseIds, TritonRequest, Usage
 from tritonforge.openai.triton_client import TritonGateway, TritonStream
 
@@ -166,6 +167,32 @@ class SSEResponse(Response):
             self._on_close()
 
 
+async def _collect(stream: TritonStream, output: ModelOutput) -> tuple[ModelOutput, str, Usage]:
+    """Every response of the model merged into one: (whole output, finish reason, usage)."""
+    whole = ModelOutput(logprobs=[], output_ids=[])
+    usage = Usage()
+    reason: str | None = None
+    try:
+        while True:
+            usage.add(output)
+            whole.text += output.text
+            whole.logprobs = (whole.logprobs or []) + (output.logprobs or [])
+            if output.output_ids is not None and whole.output_ids is not None:
+                whole.output_ids += output.output_ids
+            else:
+                whole.output_ids = None
+            reason = translate.finish_reason(output.finish_reason) or reason
+            if output.final:
+                break
+            nxt = await anext(stream, None)
+            if nxt is None:
+                break
+            output = nxt
+    finally:
+        stream.cancel()
+    return whole, reason or "stop", usage
+
+
 class OpenAIServer:
     """The routes' logic, bound to one Triton server."""
 
@@ -198,34 +225,49 @@ class OpenAIServer:
         """A non-streamed answer: every response of the model merged into one object."""
         stream, output = await self.open(body.model, request)
         ids = ResponseIds(body.model, "chatcmpl" if kind == "chat" else "cmpl")
-        whole = ModelOutput(logprobs=[], output_ids=[])
-        usage = Usage()
-        reason: str | None = None
-        try:
-            while True:
-                usage.add(output)
-                whole.text += output.text
-                whole.logprobs = (whole.logprobs or []) + (output.logprobs or [])
-                if output.output_ids is not None and whole.output_ids is not None:
-                    whole.output_ids += output.output_ids
-                else:
-                    whole.output_ids = None
-                reason = translate.finish_reason(output.finish_reason) or reason
-                if output.final:
-                    break
-                nxt = await anext(stream, None)
-                if nxt is None:
-                    break
-                output = nxt
-        finally:
-            stream.cancel()
-        reason = reason or "stop"
+        whole, reason, usage = await _collect(stream, output)
         top = request.top_logprobs
         if kind == "chat":
             chat_logprobs = None if top is None else translate.chat_logprobs(whole, top)
-            return translate.chat_completion(ids, whole.text, reason, chat_logprobs, usage)
+            content: str | None = whole.text
+            calls: list[ToolCall] = []
+            if request.tools is not None:
+                content, calls = tools.parse(whole.text, request.tools)
+                reason = "tool_calls" if calls else reason
+            return translate.chat_completion(ids, content, reason, chat_logprobs, usage, calls)
         logprobs = None if top is None else translate.completion_logprobs(whole, len(request.echo))
         return translate.completion(ids, request.echo + whole.text, reason, logprobs, usage)
+
+    async def tool_events(
+        self,
+        body: ChatCompletionRequest,
+        plan: ToolPlan,
+        stream: TritonStream,
+        first: ModelOutput,
+    ) -> AsyncIterator[bytes]:
+        """A streamed answer that may call tools: read whole (a call is only known once
+        its tag closes), then sent as OpenAI streams calls, each chunk a typed one."""
+        ids = ResponseIds(body.model, "chatcmpl")
+        with_usage = bool(body.stream_options and body.stream_options.include_usage)
+        role = ChoiceDelta(role="assistant", content="")
+        yield _sse(translate.chat_chunk(ids, role, with_usage=with_usage))
+        usage = Usage()
+        try:
+            whole, reason, usage = await _collect(stream, first)
+            content, calls = tools.parse(whole.text, plan)
+            if calls:
+                for chunk in translate.tool_call_chunks(ids, content, calls, with_usage):
+                    yield _sse(chunk)
+            else:
+                if whole.text:
+                    delta = ChoiceDelta(content=whole.text)
+                    yield _sse(translate.chat_chunk(ids, delta, with_usage=with_usage))
+                yield _sse(translate.chat_chunk(ids, ChoiceDelta(), reason, None, with_usage))
+        except OpenAIError as error:  # mid-stream: the status line went out already
+            yield _sse(error.body())
+        if with_usage:
+            yield _sse(translate.usage_chunk(ids, True, usage))
+        yield _DONE
 
     async def events(
         self,
@@ -310,7 +352,11 @@ class OpenAIServer:
             stream, first = await until_disconnected(http.receive, self.open(body.model, request))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the request was cancelled
-        events = self.events(kind, body, request, stream, first)
+        events: AsyncIterator[bytes]
+        if isinstance(body, ChatCompletionRequest) and request.tools is not None:
+            events = self.tool_events(body, request.tools, stream, first)
+        else:
+            events = self.events(kind, body, request, stream, first)
         return SSEResponse(events, stream.cancel)
 
 

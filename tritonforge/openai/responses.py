@@ -71,9 +71,23 @@ class CompletionLogprobs(OpenAIObject):
 # --- /v1/chat/completions ------------------------------------------------------------------
 
 
+class Function(OpenAIObject):
+    name: str
+    #: The arguments as a JSON string (OpenAI's form), not an object.
+    arguments: str
+
+
+class ChatCompletionMessageToolCall(OpenAIObject):
+    id: str
+    type: Literal["function"]
+    function: Function
+
+
 class AssistantMessage(OpenAIObject):
     role: Literal["assistant"]
     content: str | None
+    #: Present only on an answer that calls tools.
+    tool_calls: list[ChatCompletionMessageToolCall] | None = None
 
 
 class ChatChoice(OpenAIObject):
@@ -92,11 +106,26 @@ class ChatCompletion(OpenAIObject):
     usage: CompletionUsage | None
 
 
+class ChoiceDeltaToolCallFunction(OpenAIObject):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChoiceDeltaToolCall(OpenAIObject):
+    """A streamed call: the first delta of a call carries id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChoiceDeltaToolCallFunction | None = None
+
+
 class ChoiceDelta(OpenAIObject):
-    """What a chunk adds to the message: the role once, then content."""
+    """What a chunk adds to the message: the role once, then content or tool calls."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
 
 
 class ChunkChoice(OpenAIObject):

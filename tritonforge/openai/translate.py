@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tritonforge.openai import tools
 from tritonforge.openai.errors import invalid
 from tritonforge.openai.protocol import (
     ChatCompletionRequest,
@@ -30,15 +31,19 @@ from tritonforge.openai.responses import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionMessageToolCall,
     ChatLogprobs,
     ChatTokenLogprob,
     ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
     ChunkChoice,
     Completion,
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
     CompletionUsage,
+    Function,
     ModelCard,
     ModelList,
     TopLogprob,
@@ -79,7 +84,6 @@ _GUIDED = {
 }
 #: OpenAI's chat roles → the schema's (``developer`` is OpenAI's newer name for system).
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_TOOL_KEYS = ("tool_calls", "function_call", "tool_call_id")
 _RETURN_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 _AT_MOST = re.compile(r"ask for at most (\d+) tokens")
 
@@ -117,6 +121,8 @@ class TritonRequest:
     echo: str = ""
     #: max_tokens was this server's default, not the client's: it may be lowered to fit.
     default_max_tokens: bool = False
+    #: What the request's ``tools`` ask of the answer (None: no tools).
+    tools: tools.ToolPlan | None = None
 
     def fit_max_tokens(self, message: str) -> bool:
         """Lower a defaulted max_tokens to what the model says fits; False if it cannot."""
@@ -197,18 +203,23 @@ def _count(name: str, value: Any) -> int:
 def _message(index: int, message: ChatMessage) -> dict[str, str]:
     where = f"messages[{index}]"
     extras = message.model_extra or {}
-    if message.role == "tool" or any(extras.get(k) for k in _TOOL_KEYS):
-        raise invalid(f"{where}: tool calls are not supported by this server", "messages")
-    role = _ROLES.get(message.role)
+    if extras.get("function_call"):
+        raise invalid(f"{where}.function_call: not supported; use tool_calls", "messages")
+    role = "user" if message.role == "tool" else _ROLES.get(message.role)
     if role is None:
         raise invalid(
-            f"{where}.role: must be one of {', '.join(_ROLES)}, got {message.role!r}", "messages"
+            f"{where}.role: must be one of {', '.join(_ROLES)}, tool; got {message.role!r}",
+            "messages",
         )
     content = message.content
     if isinstance(content, list):
         if any(part.type != "text" or part.text is None for part in content):
             raise invalid(f"{where}.content: only text parts are supported", "messages")
         content = "".join(part.text or "" for part in content)
+    if message.role == "tool":
+        content = tools.tool_result_text(where, content, extras.get("tool_call_id"))
+    elif role == "assistant" and extras.get("tool_calls"):
+        content = tools.assistant_text(where, content, extras["tool_calls"])
     if content is None:
         raise invalid(f"{where}.content: required", "messages")
     result = {"role": role, "content": content}
@@ -227,8 +238,7 @@ def chat_request(
             "use /v1/completions",
             "model",
         )
-    if body.tools and body.tool_choice != "none":
-        raise invalid("tools are not supported by this server", "tools")
+    plan = tools.plan(body.tools, body.tool_choice)
     top = None
     if body.logprobs:
         top = 0 if body.top_logprobs is None else _count("top_logprobs", body.top_logprobs)
@@ -244,6 +254,8 @@ def chat_request(
     elif defaulted:
         sampling["max_tokens"] = default_max_tokens
     messages = [_message(i, m) for i, m in enumerate(body.messages)]
+    if plan is not None and plan.active:
+        _plan_tools(plan, messages, sampling)
     return TritonRequest(
         "messages",
         json.dumps(messages, ensure_ascii=False),
@@ -251,7 +263,23 @@ def chat_request(
         flags,
         top_logprobs=top,
         default_max_tokens=defaulted,
+        tools=plan if plan is not None and plan.active else None,
     )
+
+
+def _plan_tools(plan: tools.ToolPlan, messages: list[dict[str, str]], sampling: dict) -> None:
+    """List the tools in the system turn; constrain a forced answer to a call object."""
+    if messages[0]["role"] == "system":
+        messages[0]["content"] = f"{messages[0]['content']}\n\n{plan.system_text()}"
+    else:
+        messages.insert(0, {"role": "system", "content": plan.system_text()})
+    if plan.mode == "forced":
+        if "structured_outputs" in sampling:
+            raise invalid(
+                "response_format: cannot be combined with a required or named tool_choice",
+                "response_format",
+            )
+        sampling["structured_outputs"] = {"json": plan.structured()}
 
 
 def completion_request(body: CompletionRequest, spec: ModelSpec) -> TritonRequest:
@@ -417,10 +445,27 @@ class ResponseIds:
         self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
 
 
+def tool_calls(calls: Sequence[tools.ToolCall]) -> list[ChatCompletionMessageToolCall]:
+    """Calls as the answer's ``message.tool_calls``."""
+    return [
+        ChatCompletionMessageToolCall(
+            id=c.id, type="function", function=Function(name=c.name, arguments=c.arguments)
+        )
+        for c in calls
+    ]
+
+
 def chat_completion(
-    ids: ResponseIds, text: str, reason: str | None, logprobs: ChatLogprobs | None, usage: Usage
+    ids: ResponseIds,
+    text: str | None,
+    reason: str | None,
+    logprobs: ChatLogprobs | None,
+    usage: Usage,
+    calls: Sequence[tools.ToolCall] = (),
 ) -> ChatCompletion:
     message = AssistantMessage(role="assistant", content=text)
+    if calls:
+        message.tool_calls = tool_calls(calls)
     choice = ChatChoice(index=0, message=message, logprobs=logprobs, finish_reason=reason)
     return ChatCompletion(
         id=ids.id,
@@ -448,6 +493,30 @@ def chat_chunk(
         choices=[choice],
     )
     return _null_usage(chunk) if with_usage else chunk
+
+
+def tool_call_chunks(
+    ids: ResponseIds, content: str | None, calls: Sequence[tools.ToolCall], with_usage: bool
+) -> list[ChatCompletionChunk]:
+    """A tool-calling answer's chunks, as OpenAI streams them: any content, then per call
+    a delta with its id, type and name, then one with its arguments, then the finish."""
+    chunks = []
+    if content:
+        chunks.append(chat_chunk(ids, ChoiceDelta(content=content), with_usage=with_usage))
+    for i, call in enumerate(calls):
+        head = ChoiceDeltaToolCall(
+            index=i,
+            id=call.id,
+            type="function",
+            function=ChoiceDeltaToolCallFunction(name=call.name, arguments=""),
+        )
+        body = ChoiceDeltaToolCall(
+            index=i, function=ChoiceDeltaToolCallFunction(arguments=call.arguments)
+        )
+        for part in (head, body):
+            chunks.append(chat_chunk(ids, ChoiceDelta(tool_calls=[part]), with_usage=with_usage))
+    chunks.append(chat_chunk(ids, ChoiceDelta(), "tool_calls", with_usage=with_usage))
+    return chunks
 
 
 def completion(

@@ -1,0 +1,196 @@
+"""Tool calling for ``/v1/chat/completions``: checking ``tools``/``tool_choice``,
+writing tool turns into the prompt, and reading calls back out of the model's text.
+
+The model sees the Hermes/Qwen convention as plain chat turns, so any model's chat
+template can render it (SmolLM2's own ignores ``tools`` and rejects a null content):
+the tools' JSON schemas join the system turn, an assistant's call is written as
+``<tool_call>{"name": …, "arguments": …}</tool_call>``, a tool's answer as a user turn
+``<tool_response>…</tool_response>``. ``required`` and a named choice are not left to
+the model: structured output constrains the answer to a call object whose ``name`` is
+one of the allowed tools and whose ``arguments`` follow that tool's schema. ``auto``
+reads the tagged calls out of free text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tritonforge.openai.errors import invalid
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_SYSTEM = (
+    "You may call functions to answer. The functions, as JSON schemas:\n{tools}\n"
+    'To call one, answer with <tool_call>{{"name": <function name>, '
+    '"arguments": <arguments object>}}</tool_call> and nothing else.'
+)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: arguments as a JSON string, as OpenAI sends them."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's ``tools`` and ``tool_choice`` ask of the answer."""
+
+    #: The declared functions, by name: {name, description, parameters}.
+    functions: dict[str, dict[str, Any]]
+    #: ``none`` (answer in text), ``auto`` (the model decides), ``forced``.
+    mode: str
+    #: The functions a forced answer may call.
+    allowed: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    def system_text(self) -> str:
+        """The tools as the system turn lists them."""
+        listed = [{"type": "function", "function": f} for f in self.functions.values()]
+        return _SYSTEM.format(tools=json.dumps(listed, ensure_ascii=False))
+
+    def structured(self) -> dict[str, Any]:
+        """The JSON schema a forced answer is generated against: one call object."""
+        options = [_call_schema(name, self.functions[name]) for name in self.allowed]
+        return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _call_schema(name: str, function: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": function["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _function(index: int, tool: Any) -> dict[str, Any]:
+    """``tools[index]`` checked: a function with a name and a JSON Schema object."""
+    where = f"tools[{index}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise invalid(f'{where}.type: must be "function"', "tools")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise invalid(f"{where}.function: required, an object with a name", "tools")
+    name = function.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise invalid(f"{where}.function.name: must be 1-64 of a-z, A-Z, 0-9, _ and -", "tools")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise invalid(
+            f"{where}.function.parameters: must be a JSON Schema object "
+            '(a JSON object with "type": "object")',
+            "tools",
+        )
+    result = {"name": name, "parameters": parameters}
+    if isinstance(function.get("description"), str):
+        result["description"] = function["description"]
+    return result
+
+
+def plan(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
+    """The request's tool plan (None without tools); a 400 naming the field if wrong."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise invalid("tool_choice: requires tools", "tool_choice")
+        return None
+    functions: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        function = _function(i, tool)
+        if function["name"] in functions:
+            raise invalid(f"tools[{i}].function.name: {function['name']!r} is repeated", "tools")
+        functions[function["name"]] = function
+    if choice is None or choice in ("auto", "none"):
+        return ToolPlan(functions, choice or "auto")
+    if choice == "required":
+        return ToolPlan(functions, "forced", tuple(functions))
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
+        raise invalid(
+            'tool_choice: must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": …}}',
+            "tool_choice",
+        )
+    if name not in functions:
+        raise invalid(f"tool_choice.function.name: no tool named {name!r}", "tool_choice")
+    return ToolPlan(functions, "forced", (name,))
+
+
+def assistant_text(where: str, content: str | None, calls: Any) -> str:
+    """An assistant turn that made calls, written the way the model writes them."""
+    if not isinstance(calls, list) or not calls:
+        raise invalid(f"{where}.tool_calls: must be a non-empty list", "messages")
+    parts = [content] if content else []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid(f"{where}.tool_calls[{i}].function.name: required", "messages")
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            raise invalid(
+                f"{where}.tool_calls[{i}].function.arguments: not valid JSON", "messages"
+            ) from None
+        written = json.dumps({"name": function["name"], "arguments": parsed}, ensure_ascii=False)
+        parts.append(f"<tool_call>{written}</tool_call>")
+    return "\n".join(parts)
+
+
+def tool_result_text(where: str, content: str | None, call_id: Any) -> str:
+    """A ``tool`` turn: the result of the call it names, as the model reads it."""
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{where}.tool_call_id: required for a tool message", "messages")
+    if content is None:
+        raise invalid(f"{where}.content: required", "messages")
+    return f"<tool_response>{content}</tool_response>"
+
+
+def _call(obj: Any, plan_: ToolPlan) -> ToolCall | None:
+    if not isinstance(obj, dict) or obj.get("name") not in plan_.functions:
+        return None
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    text = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], text)
+
+
+def parse(text: str, plan_: ToolPlan) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of an answer; no calls means the answer is all content.
+
+    A forced answer is one call object (structured output made it so); a free answer
+    holds tagged calls, text before the first one being content.
+    """
+    if plan_.mode == "forced":
+        try:
+            call = _call(json.loads(text), plan_)
+        except json.JSONDecodeError:
+            call = None  # cut short by max_tokens: no call to report
+        return (None, [call]) if call else (text, [])
+    calls = []
+    for raw in _CALL.findall(text):
+        try:
+            call = _call(json.loads(raw), plan_)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None:
+            calls.append(call)
+    if not calls:
+        return text, []
+    before = text[: text.find("<tool_call>")].strip()
+    return before or None, calls
