@@ -180,6 +180,16 @@ def metric(metrics_url: str, name: str, **labels: str) -> float:
     return total
 
 
+def requests_running(metrics_url: str, prefix: str, model: str) -> float:
+    """A model's running-requests gauge; ``prefix`` is its engine's metric family."""
+    return metric(metrics_url, f"{prefix}:num_requests_running", model=model)
+
+
+def requests_cancelled(metrics_url: str, prefix: str, model: str) -> float:
+    """How many of a model's requests have ended cancelled."""
+    return metric(metrics_url, f"{prefix}:request_outcome_total", model=model, outcome="cancelled")
+
+
 def model_state(http_url: str, model: str) -> str:
     """A model's state in the repository index ("READY", "UNLOADING", …; "" if unknown)."""
     index = requests.post(f"http://{http_url}/v2/repository/index", timeout=10).json()

@@ -27,7 +27,8 @@ from tests.e2e.client import (
     generate,
     generate_stream_text,
     llm_inputs,
-    metric,
+    requests_cancelled,
+    requests_running,
     stream,
     wait_for,
 )
@@ -259,15 +260,11 @@ def test_same_seed_same_sample(server, model: str) -> None:
 
 
 def test_cancelled_stream_stops_the_engine_work(server, model: str) -> None:
-    prefix = ENGINES[model]
-
     def cancelled() -> float:
-        return metric(
-            server.metrics_url, f"{prefix}:request_outcome_total", model=model, outcome="cancelled"
-        )
+        return requests_cancelled(server.metrics_url, ENGINES[model], model)
 
     def running() -> float:
-        return metric(server.metrics_url, f"{prefix}:num_requests_running", model=model)
+        return _running(server, model)
 
     wait_for(lambda: running() == 0, what="an idle engine")
     before = cancelled()
@@ -338,7 +335,7 @@ def test_prompt_plus_max_tokens_beyond_the_context_is_refused_naming_both(server
 
 
 def _running(server, model: str) -> float:
-    return metric(server.metrics_url, f"{ENGINES[model]}:num_requests_running", model=model)
+    return requests_running(server.metrics_url, ENGINES[model], model)
 
 
 DEADLINE_LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}

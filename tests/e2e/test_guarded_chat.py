@@ -14,8 +14,9 @@ from tests.e2e.client import (
     bytes_input,
     control_model,
     llm_inputs,
-    metric,
     model_state,
+    requests_cancelled,
+    requests_running,
     stream,
     wait_for,
 )
@@ -165,13 +166,11 @@ def test_inner_error_reaches_the_client_and_the_pipeline_stays_ready(server) -> 
 
 
 def _running(server) -> float:
-    return metric(server.metrics_url, "vllm:num_requests_running", model="vllm_model")
+    return requests_running(server.metrics_url, "vllm", "vllm_model")
 
 
 def _cancelled(server) -> float:
-    return metric(
-        server.metrics_url, "vllm:request_outcome_total", model="vllm_model", outcome="cancelled"
-    )
+    return requests_cancelled(server.metrics_url, "vllm", "vllm_model")
 
 
 def test_client_cancel_cancels_the_inner_request(server) -> None:

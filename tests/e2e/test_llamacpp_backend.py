@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import llm_inputs, metric, stream, wait_for
+from tests.e2e.client import llm_inputs, metric, requests_cancelled, stream, wait_for
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.launch.launcher import MODEL_REPOSITORY
@@ -53,9 +53,7 @@ def gauge(server, name: str) -> float:
 
 
 def cancelled(server) -> float:
-    return metric(
-        server.metrics_url, "llamacpp:request_outcome_total", model=MODEL, outcome="cancelled"
-    )
+    return requests_cancelled(server.metrics_url, "llamacpp", MODEL)
 
 
 class OpenStream:

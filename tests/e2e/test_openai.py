@@ -19,7 +19,14 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import llm_inputs, metric, model_ready, stream, wait_for
+from tests.e2e.client import (
+    llm_inputs,
+    model_ready,
+    requests_cancelled,
+    requests_running,
+    stream,
+    wait_for,
+)
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 pytestmark = pytest.mark.server
@@ -311,15 +318,11 @@ def test_a_full_queue_is_a_503(frontend, triton_server) -> None:
 
 
 def _gauges(server: TritonServer, model: str):
-    prefix = ENGINES[model]
-
     def running() -> float:
-        return metric(server.metrics_url, f"{prefix}:num_requests_running", model=model)
+        return requests_running(server.metrics_url, ENGINES[model], model)
 
     def cancelled() -> float:
-        return metric(
-            server.metrics_url, f"{prefix}:request_outcome_total", model=model, outcome="cancelled"
-        )
+        return requests_cancelled(server.metrics_url, ENGINES[model], model)
 
     return running, cancelled
 

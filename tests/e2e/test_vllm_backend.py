@@ -15,6 +15,8 @@ from tests.e2e.client import (
     generate_stream_text,
     llm_inputs,
     metric,
+    requests_cancelled,
+    requests_running,
     run_reference,
     stream,
     wait_for,
@@ -217,7 +219,7 @@ def test_structured_outputs(server, constraint: dict, check) -> None:
 
 
 def _running(server) -> float:
-    return metric(server.metrics_url, "vllm:num_requests_running", model=MODEL)
+    return requests_running(server.metrics_url, "vllm", MODEL)
 
 
 def _wait_running(server) -> bool:
@@ -226,9 +228,7 @@ def _wait_running(server) -> bool:
 
 
 def _cancelled(server) -> float:
-    return metric(
-        server.metrics_url, "vllm:request_outcome_total", model=MODEL, outcome="cancelled"
-    )
+    return requests_cancelled(server.metrics_url, "vllm", MODEL)
 
 
 def test_grpc_stream_cancellation_aborts_engine_work(server) -> None:
