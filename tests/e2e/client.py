@@ -164,6 +164,9 @@ def generate_stream_text(http_url: str, model: str, body: dict) -> str:
         return "".join(parts)
 
 
+#: Greedy sampling for a request that outlasts any test that cancels, times out or queues it.
+LONG_GREEDY = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\} (\S+)$")
 
 

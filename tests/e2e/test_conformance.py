@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 
 from tests.e2e.client import (
+    LONG_GREEDY,
     bool_input,
     bytes_input,
     generate,
@@ -268,8 +269,7 @@ def test_cancelled_stream_stops_the_engine_work(server, model: str) -> None:
 
     wait_for(lambda: running() == 0, what="an idle engine")
     before = cancelled()
-    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
-    result = stream(server.grpc_url, model, llm_inputs(PROMPT, sampling=long), stop_after=3)
+    result = stream(server.grpc_url, model, llm_inputs(PROMPT, sampling=LONG_GREEDY), stop_after=3)
     assert len(result.responses) == 3
     wait_for(lambda: cancelled() == before + 1, what="the request to be counted cancelled")
     wait_for(lambda: running() == 0, what="the engine's running count to return to 0")
@@ -338,14 +338,11 @@ def _running(server, model: str) -> float:
     return requests_running(server.metrics_url, ENGINES[model], model)
 
 
-DEADLINE_LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
-
-
 def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) -> None:
     wait_for(lambda: _running(server, model) == 0, what="an idle engine")
     started = time.monotonic()
     result = stream(
-        server.grpc_url, model, llm_inputs(PROMPT, sampling={**DEADLINE_LONG, "timeout_s": 0.5})
+        server.grpc_url, model, llm_inputs(PROMPT, sampling={**LONG_GREEDY, "timeout_s": 0.5})
     )
     assert time.monotonic() - started < 5
     assert result.error is not None  # a message only on a gRPC stream (see above)
@@ -358,7 +355,7 @@ def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) 
 
 def test_timeout_s_ends_a_non_streamed_http_generate(server, model: str) -> None:
     """The remedy for a /generate client that leaves: Triton 2.51 never says it left."""
-    body = {"text_input": PROMPT, "parameters": {**DEADLINE_LONG, "timeout_s": 0.5}}
+    body = {"text_input": PROMPT, "parameters": {**LONG_GREEDY, "timeout_s": 0.5}}
     started = time.monotonic()
     reply = requests.post(
         f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=60
@@ -376,7 +373,7 @@ def test_tritons_request_timeout_is_the_same_deadline(server, model: str) -> Non
     result = stream(
         server.grpc_url,
         model,
-        llm_inputs(PROMPT, sampling={**DEADLINE_LONG, "timeout_s": 60}),
+        llm_inputs(PROMPT, sampling={**LONG_GREEDY, "timeout_s": 60}),
         request_timeout_us=500_000,
     )
     assert time.monotonic() - started < 5

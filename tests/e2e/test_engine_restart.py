@@ -16,7 +16,7 @@ import psutil
 import pytest
 import requests
 
-from tests.e2e.client import generate, llm_inputs, metric, stream, wait_for
+from tests.e2e.client import LONG_GREEDY, generate, llm_inputs, metric, stream, wait_for
 from tritonforge.launch.launcher import TritonServer
 
 MODEL = "vllm_model"
@@ -68,14 +68,13 @@ def test_engine_killed_under_load_is_restarted(own_server) -> None:
 
     results: list = []
     streaming = threading.Semaphore(0)
-    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
 
     def one(i: int) -> None:
         results.append(
             stream(
                 server.grpc_url,
                 MODEL,
-                llm_inputs(f"Story {i}:", sampling=long),
+                llm_inputs(f"Story {i}:", sampling=LONG_GREEDY),
                 on_response=lambda n: n == 1 and streaming.release(),
                 timeout_s=60,
             )

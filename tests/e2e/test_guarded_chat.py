@@ -10,6 +10,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import (
+    LONG_GREEDY,
     bool_input,
     bytes_input,
     control_model,
@@ -175,12 +176,11 @@ def _cancelled(server) -> float:
 
 def test_client_cancel_cancels_the_inner_request(server) -> None:
     before = _cancelled(server)
-    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
     seen_running: list[float] = []
     result = stream(
         server.grpc_url,
         "guarded_chat",
-        _chat("Tell me a long story.", long),
+        _chat("Tell me a long story.", LONG_GREEDY),
         stop_after=5,
         on_response=lambda n: seen_running.append(_running(server)) if n == 3 else None,
     )

@@ -20,14 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import llm_inputs, metric, requests_cancelled, stream, wait_for
+from tests.e2e.client import LONG_GREEDY, llm_inputs, metric, requests_cancelled, stream, wait_for
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.launch.launcher import MODEL_REPOSITORY
 from tritonforge.repo import pbtxt
 
 MODEL = "llamacpp_model"
-LONG = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
 SHORT = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
 GREEDY = {"temperature": 0, "max_tokens": 24}
 SETTINGS = load_engine_config(MODEL_REPOSITORY / MODEL / "1", "model.json")
@@ -89,7 +88,7 @@ def every_slot_busy(server):
     """Every slot holds a long request (running) until the block ends."""
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
     blockers = [
-        OpenStream(server, f"Tell a very long story, part {i}:", LONG) for i in range(SLOTS)
+        OpenStream(server, f"Tell a very long story, part {i}:", LONG_GREEDY) for i in range(SLOTS)
     ]
     try:
         for blocker in blockers:
@@ -154,7 +153,9 @@ def test_queued_requests_start_in_arrival_order(server) -> None:
         with every_slot_busy(server) as blockers:
             for i in range(3):
                 queued.append(
-                    OpenStream(server, f"Item {i}:", LONG, on_first=lambda i=i: started.append(i))
+                    OpenStream(
+                        server, f"Item {i}:", LONG_GREEDY, on_first=lambda i=i: started.append(i)
+                    )
                 )
                 wait_for(lambda n=i + 1: gauge(server, "num_requests_waiting") == n,
                          what=f"{i + 1} queued")  # fmt: skip
@@ -171,7 +172,7 @@ def test_queued_requests_start_in_arrival_order(server) -> None:
 def test_request_cancelled_while_queued_never_runs(server) -> None:
     with every_slot_busy(server):
         before = cancelled(server)  # the blockers run: every earlier request is counted
-        queued = OpenStream(server, "Another long story:", LONG)
+        queued = OpenStream(server, "Another long story:", LONG_GREEDY)
         wait_for(lambda: gauge(server, "num_requests_waiting") == 1, what="one queued request")
         queued.cancel()
         wait_for(lambda: cancelled(server) == before + 1, what="the queued request cancelled")
@@ -211,7 +212,7 @@ def test_parallel_streams_interleave(server) -> None:
 def test_cancelling_one_sequence_leaves_the_others_text_unchanged(server) -> None:
     survivors = ["The three primary colours are", "Write a haiku about rain:"]
     expected = [alone(server, prompt) for prompt in survivors]
-    doomed = OpenStream(server, "Tell a very long story:", LONG)
+    doomed = OpenStream(server, "Tell a very long story:", LONG_GREEDY)
     try:
         doomed.first_response()
         with ThreadPoolExecutor(len(survivors)) as pool:

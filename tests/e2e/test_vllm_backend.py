@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests.e2e.client import (
+    LONG_GREEDY,
     generate,
     generate_stream_text,
     llm_inputs,
@@ -233,12 +234,11 @@ def _cancelled(server) -> float:
 
 def test_grpc_stream_cancellation_aborts_engine_work(server) -> None:
     before = _cancelled(server)
-    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
     seen_running: list[float] = []
     result = stream(
         server.grpc_url,
         MODEL,
-        llm_inputs(PROMPTS[0], sampling=long),
+        llm_inputs(PROMPTS[0], sampling=LONG_GREEDY),
         stop_after=6,
         on_response=lambda n: n == 3 and seen_running.append(_wait_running(server)),
     )
