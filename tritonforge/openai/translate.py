@@ -267,7 +267,9 @@ def chat_request(
     )
 
 
-def _plan_tools(plan: tools.ToolPlan, messages: list[dict[str, str]], sampling: dict) -> None:
+def _plan_tools(
+    plan: tools.ToolPlan, messages: list[dict[str, str]], sampling: dict[str, Any]
+) -> None:
     """List the tools in the system turn; constrain a forced answer to a call object."""
     if messages[0]["role"] == "system":
         messages[0]["content"] = f"{messages[0]['content']}\n\n{plan.system_text()}"
