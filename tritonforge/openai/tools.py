@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import Draft202012Validator, SchemaError
+
 from tritonforge.openai.errors import invalid
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -91,6 +93,12 @@ def _function(index: int, tool: Any) -> dict[str, Any]:
             '(a JSON object with "type": "object")',
             "tools",
         )
+    try:
+        Draft202012Validator.check_schema(parameters)
+    except SchemaError as exc:
+        raise invalid(
+            f"{where}.function.parameters: not a valid JSON Schema ({exc.message})", "tools"
+        ) from None
     result = {"name": name, "parameters": parameters}
     if isinstance(function.get("description"), str):
         result["description"] = function["description"]

@@ -31,6 +31,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "time"}},
 ]
 STRING = {"type": "string"}
+BAD = {"type": "object", "properties": {"a": {"type": 5}}}
 NAMED = {"type": "function", "function": {"name": "weather"}}
 
 
@@ -84,6 +85,8 @@ def test_assistant_calls_and_tool_results_are_written_as_the_model_writes_them()
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": STRING}}]},
          "tools", "JSON Schema object"),
         ({"tools": [{"type": "code"}]}, "tools", "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD}}]},
+         "tools", "not a valid JSON Schema"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
          "tool_choice", "no tool named 'x'"),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice: must be"),
