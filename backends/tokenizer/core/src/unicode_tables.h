@@ -12,7 +12,7 @@ struct CodepointRange {
 };
 
 #define TRITONFORGE_TABLE(name)               \
-  extern const CodepointRange name[];         \
+  extern const CodepointRange* const name;    \
   extern const std::size_t name##_size
 
 TRITONFORGE_TABLE(gpt2_letter);
