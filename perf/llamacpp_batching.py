@@ -49,22 +49,9 @@ from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.bench.results import judge  # noqa: E402
 from tritonforge.bench.stream_clients import GenerateStreamClient, StreamRecord  # noqa: E402
+from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
 
-WORDS = [
-    "river",
-    "stone",
-    "cloud",
-    "paper",
-    "lamp",
-    "garden",
-    "window",
-    "music",
-    "planet",
-    "forest",
-    "silver",
-    "bridge",
-]
 FIFO_MODEL_PY = """
 import importlib.util, pathlib, sys
 from tritonforge.triton.model import make_model
@@ -148,13 +135,9 @@ def level_row(records: list[StreamRecord], tokens: int) -> dict:
     }
 
 
-def words(rng: random.Random, count: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(count))
-
-
 def run_level(server: TritonServer, model: str, level: int, opts, rng: random.Random) -> dict:
     count = level * (opts.waves if level > 1 else opts.solo_requests)
-    prompts = [words(rng, opts.prompt_words) for _ in range(count)]
+    prompts = [random_words(rng, opts.prompt_words) for _ in range(count)]
     records = asyncio.run(send_all(server, model, prompts, level, opts.tokens))
     return level_row(records, opts.tokens)
 
@@ -163,10 +146,10 @@ def run_chat(server: TritonServer, model: str, opts, rng: random.Random) -> dict
     """First and second turns of ``opts.chats`` conversations, one request at a time."""
     first, second = [], []
     for _ in range(opts.chats):
-        history = f"Session {uuid.uuid4().hex}. " + words(rng, opts.history_tokens)
+        history = f"Session {uuid.uuid4().hex}. " + random_words(rng, opts.history_tokens)
         turn1 = f"{history}\nQuestion: which word comes most often?\nAnswer:"
         (one,) = asyncio.run(send_all(server, model, [turn1], 1, opts.tokens))
-        turn2 = f"{turn1} {words(rng, opts.tokens)}\nQuestion: and the least often?\nAnswer:"
+        turn2 = f"{turn1} {random_words(rng, opts.tokens)}\nQuestion: and the least often?\nAnswer:"
         (two,) = asyncio.run(send_all(server, model, [turn2], 1, opts.tokens))
         first.append((one.ttft or 0.0) * 1000)
         second.append((two.ttft or 0.0) * 1000)
@@ -236,7 +219,7 @@ def history_tokens(model_dir: Path, opts) -> int:
     """How many tokens the chat's history is (the model's own tokenizer)."""
     from transformers import AutoTokenizer
 
-    text = f"Session {uuid.uuid4().hex}. " + words(random.Random(0), opts.history_tokens)
+    text = f"Session {uuid.uuid4().hex}. " + random_words(random.Random(0), opts.history_tokens)
     return len(AutoTokenizer.from_pretrained(model_dir).encode(text))
 
 

@@ -25,6 +25,27 @@ from tritonforge.bench.contract import (
 
 Encode = Callable[[str], list[int]]
 
+#: Common words for the perf scripts' prompts: distinct prompts, alike in length.
+WORDS = (
+    "river",
+    "stone",
+    "cloud",
+    "paper",
+    "lamp",
+    "garden",
+    "window",
+    "music",
+    "planet",
+    "forest",
+    "silver",
+    "bridge",
+)
+
+
+def random_words(rng: random.Random, count: int) -> str:
+    """``count`` words drawn from :data:`WORDS`: a prompt no earlier request shares."""
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
 
 @dataclass(frozen=True)
 class BenchRequest:
