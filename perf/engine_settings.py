@@ -39,7 +39,7 @@ started = time.perf_counter()
 llm = LLM(**args)
 startup_s = time.perf_counter() - started
 engine = llm.llm_engine
-words = "river stone cloud paper lamp garden window music planet forest silver bridge".split()
+from tritonforge.bench.workload import random_words
 rng = random.Random(spec["seed"])
 serial = iter(range(10**9))
 
@@ -49,7 +49,7 @@ def run(batch, prompt_words, tokens):
     # the prefill; every later step is one decode step for the whole batch.
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for _ in range(batch):
-        text = " ".join(rng.choice(words) for _ in range(prompt_words))
+        text = random_words(rng, prompt_words)
         engine.add_request(f"r{next(serial)}", text, params)
     steps, got, t0 = [], set(), time.perf_counter()
     prefill = None

@@ -44,22 +44,9 @@ sys.path.insert(0, str(REPO))
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.bench.results import judge  # noqa: E402
+from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
 
-WORDS = [
-    "river",
-    "stone",
-    "cloud",
-    "paper",
-    "lamp",
-    "garden",
-    "window",
-    "music",
-    "planet",
-    "forest",
-    "silver",
-    "bridge",
-]
 TARGET = re.compile(r"^(ttft:)?(\w+)@(\d+)/(\w+)@(\d+)(>=|<=)([\d.]+)$")
 
 
@@ -102,10 +89,7 @@ def one_request(url: str, prompt: str, tokens: int) -> dict:
 def run_level(server: TritonServer, model: str, level: int, opts, rng: random.Random) -> dict:
     """``level`` requests in flight at once, ``opts.waves`` times over; tokens/s and TTFT p50."""
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
-    prompts = [
-        " ".join(rng.choice(WORDS) for _ in range(opts.prompt_words))
-        for _ in range(level * opts.waves)
-    ]
+    prompts = [random_words(rng, opts.prompt_words) for _ in range(level * opts.waves)]
     with ThreadPoolExecutor(level) as pool:
         records = list(pool.map(lambda p: one_request(url, p, opts.tokens), prompts))
     wall = max(r["end"] for r in records) - min(r["start"] for r in records)
