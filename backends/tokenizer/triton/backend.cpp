@@ -346,7 +346,9 @@ struct InputTensor {
   std::string data;  // the buffers, gathered (inputs may arrive in several pieces)
 };
 
-InputTensor ReadInput(TRITONBACKEND_Request* request, const char* name) {
+// An input of the one datatype its role takes (type_text names it in the error).
+InputTensor ReadInput(TRITONBACKEND_Request* request, const char* name, std::int32_t datatype,
+                      const char* type_text) {
   TRITONBACKEND_Input* input = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_RequestInput(request, name, &input);
   if (error != nullptr) {
@@ -361,6 +363,10 @@ InputTensor ReadInput(TRITONBACKEND_Request* request, const char* name) {
   Check(TRITONBACKEND_InputProperties(input, nullptr, &tensor.datatype, &shape, &dims, &byte_size,
                                       &buffers),
         "reading input properties");
+  if (tensor.datatype != datatype) {
+    throw BackendError(api::kErrorInvalidArg,
+                       std::string("input '") + name + "' must be " + type_text);
+  }
   tensor.shape.assign(shape, shape + dims);
   tensor.data.reserve(byte_size);
   for (std::uint32_t b = 0; b < buffers; ++b) {
@@ -463,10 +469,7 @@ struct Timing {
 
 void Encode(const ModelState& model, TRITONBACKEND_Request* request, ResponseHandle* response,
             Timing* timing) {
-  const InputTensor input = ReadInput(request, kTextInput.name);
-  if (input.datatype != api::kTypeBytes) {
-    throw BackendError(api::kErrorInvalidArg, "input 'text_input' must be BYTES");
-  }
+  const InputTensor input = ReadInput(request, kTextInput.name, api::kTypeBytes, "BYTES");
   const std::size_t rows = RowCount(model, input, kTextInput.name, 1);
   if (input.shape.back() != 1) {
     throw BackendError(api::kErrorInvalidArg, "input 'text_input' has shape " +
@@ -516,10 +519,7 @@ void Encode(const ModelState& model, TRITONBACKEND_Request* request, ResponseHan
 
 void Decode(const ModelState& model, TRITONBACKEND_Request* request, ResponseHandle* response,
             Timing* timing) {
-  const InputTensor input = ReadInput(request, kOutputIds.name);
-  if (input.datatype != api::kTypeInt32) {
-    throw BackendError(api::kErrorInvalidArg, "input 'output_ids' must be INT32");
-  }
+  const InputTensor input = ReadInput(request, kOutputIds.name, api::kTypeInt32, "INT32");
   const std::size_t rows = RowCount(model, input, kOutputIds.name, 1);
   const auto width = static_cast<std::size_t>(input.shape.back());
   if (input.data.size() != rows * width * 4) {
