@@ -80,12 +80,18 @@ class SlowChannel(RecordingChannel):
         super().send(tensors, error, final)
 
 
-class GatedEngine(ScriptedEngine):
-    """The first delta, then the rest once its response is on its way, then the gate opens."""
+class ChannelPacedEngine(ScriptedEngine):
+    """A scripted engine that watches the channel its responses go to, to pace itself."""
 
-    def __init__(self, script: list[EngineOutput], channel: SlowChannel) -> None:
+    def __init__(self, script: list[EngineOutput], channel: RecordingChannel) -> None:
         super().__init__(script)
         self.channel = channel
+
+
+class GatedEngine(ChannelPacedEngine):
+    """The first delta, then the rest once its response is on its way, then the gate opens."""
+
+    channel: SlowChannel
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
@@ -97,12 +103,8 @@ class GatedEngine(ScriptedEngine):
         self.channel.gate.set()
 
 
-class LockstepEngine(ScriptedEngine):
+class LockstepEngine(ChannelPacedEngine):
     """Yields a delta only after the previous one's response reached the channel."""
-
-    def __init__(self, script: list[EngineOutput], channel: RecordingChannel) -> None:
-        super().__init__(script)
-        self.channel = channel
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
