@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from tritonforge.engines.config import load_engine_config, resolve_paths
+from tritonforge.engines.lora import LoraAdapter, load_adapters
+from tritonforge.launch.launcher import server_environment
 
 
 def bytes_input(name: str, value: str | bytes) -> grpcclient.InferInput:
@@ -208,6 +213,21 @@ def wait_for(
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def served_engine_settings(
+    version_dir: Path, keys: tuple[str, ...]
+) -> tuple[dict, tuple[LoraAdapter, ...], dict]:
+    """A model's engine settings (``keys`` resolved to paths) and LoRA adapters, resolved
+    as its server resolves them, and the server's environment: what an offline reference
+    run must use."""
+    env = server_environment()
+    config = load_engine_config(version_dir, "model.json")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("TRITONFORGE_MODELS", "TRITONFORGE_GGUF"):
+            if name in env:
+                patch.setenv(name, env[name])
+        return resolve_paths(config, version_dir, keys=keys), load_adapters(version_dir), env
 
 
 def run_reference(

@@ -15,11 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.client import bytes_input, generate, llm_inputs, metric, run_reference, stream
+from tests.e2e.client import (
+    bytes_input,
+    generate,
+    llm_inputs,
+    metric,
+    run_reference,
+    served_engine_settings,
+    stream,
+)
 from tests.e2e.readme_examples import Addresses, blocks, models, run_block
-from tritonforge.engines.config import load_engine_config, resolve_paths
-from tritonforge.engines.lora import load_adapters
-from tritonforge.launch.launcher import TritonServer, server_environment
+from tritonforge.launch.launcher import TritonServer
 
 MODEL = "vllm_lora_model"
 LLAMACPP = "llamacpp_lora_model"
@@ -72,13 +78,8 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, str]:
     """Offline greedy text per variant: same engine settings, same LoRARequest (name, id, path)."""
-    version_dir = server.repository / MODEL / "1"
-    env = server_environment()
-    config = load_engine_config(version_dir, "model.json")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
-        args = resolve_paths(config, version_dir, keys=("model",))
-        adapters = [(a.name, a.int_id, str(a.path)) for a in load_adapters(version_dir)]
+    args, loras, env = served_engine_settings(server.repository / MODEL / "1", ("model",))
+    adapters = [(a.name, a.int_id, str(a.path)) for a in loras]
     texts = run_reference(
         tmp_path_factory.mktemp("offline") / "offline.py",
         OFFLINE,
@@ -201,13 +202,8 @@ def llamacpp_offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     from tritonforge.engines.lora import GGUF_ADAPTER_FILE
 
     version_dir = server.repository / LLAMACPP / "1"
-    env = server_environment()
-    config = load_engine_config(version_dir, "model.json")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
-        patch.setenv("TRITONFORGE_GGUF", env["TRITONFORGE_GGUF"])
-        settings = resolve_paths(config, version_dir, keys=("model_path",))
-        adapters = [(a.name, str(a.path / GGUF_ADAPTER_FILE)) for a in load_adapters(version_dir)]
+    settings, loras, env = served_engine_settings(version_dir, ("model_path",))
+    adapters = [(a.name, str(a.path / GGUF_ADAPTER_FILE)) for a in loras]
     texts = run_reference(
         tmp_path_factory.mktemp("llamacpp") / "offline.py",
         LLAMACPP_OFFLINE,

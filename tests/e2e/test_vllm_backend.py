@@ -19,11 +19,10 @@ from tests.e2e.client import (
     requests_cancelled,
     requests_running,
     run_reference,
+    served_engine_settings,
     stream,
     wait_for,
 )
-from tritonforge.engines.config import load_engine_config, resolve_paths
-from tritonforge.launch.launcher import server_environment
 
 MODEL = "vllm_model"
 GREEDY = {"temperature": 0, "max_tokens": 24}
@@ -98,12 +97,8 @@ def offline(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     so it is derived here, never written into the test. Keys: each prompt, and
     ``json.dumps(messages)`` for each chat.
     """
-    version_dir = server.repository / MODEL / "1"  # the settings the server runs
-    env = server_environment()
-    config = load_engine_config(version_dir, "model.json")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITONFORGE_MODELS", env["TRITONFORGE_MODELS"])
-        args = resolve_paths(config, version_dir, keys=("model",))
+    # the settings the server runs
+    args, _, env = served_engine_settings(server.repository / MODEL / "1", ("model",))
     texts = run_reference(
         tmp_path_factory.mktemp("offline") / "offline.py",
         OFFLINE,
