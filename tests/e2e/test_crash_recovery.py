@@ -50,18 +50,21 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
         launcher.stop()
 
 
-def _chat(base: str, stream_it: bool, max_tokens: int, timeout_s: float = 60) -> requests.Response:
+def _chat(
+    base: str, stream_it: bool, max_tokens: int, timeout_s: float = 60, **extra: object
+) -> requests.Response:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
         "max_tokens": max_tokens,
         "stream": stream_it,
+        **extra,
     }
     return requests.post(f"{base}/chat/completions", json=body, stream=stream_it, timeout=timeout_s)
 
 
 def _openai_stream(base: str, started: threading.Event, events: list[str]) -> None:
-    with _chat(base, True, 1000) as reply:
+    with _chat(base, True, 1000, ignore_eos=True) as reply:  # still generating at the kill
         assert reply.status_code == 200
         for line in reply.iter_lines(decode_unicode=True):
             if line.startswith("data: "):
@@ -138,8 +141,10 @@ def _serves(launched: Launcher) -> bool:
 def test_sigterm_to_the_launcher_still_stops_everything(launched) -> None:
     tree = psutil.Process(launched.process.pid).children(recursive=True)
     assert tree
+    regions = shm_regions(launched.triton().pid)
     launched.process.send_signal(signal.SIGTERM)
     assert launched.process.wait(timeout=90) == 0
     psutil.wait_procs(tree, timeout=10)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert regions and not [r for r in regions if Path(r).exists()]  # nor shared memory
     assert launched.log.read_text(errors="replace").count("tritonserver died") == 1  # the kill

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import requests
 
-from tritonforge.launch.supervisor import RestartPolicy, Supervisor
+from tritonforge.launch.supervisor import RestartPolicy, Supervisor, remove_files, shm_regions
 from tritonforge.paths import CACHE_DIR, MODEL_REPOSITORY, REPO_ROOT
 
 BACKENDS_SRC = REPO_ROOT / "backends"
@@ -334,8 +334,15 @@ class TritonServer:
         return session_processes(self.process.pid) if self.process is not None else []
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM the server (it unloads models, stubs finalise), then kill what remains."""
-        return stop_session(self.process, timeout_s) if self.process is not None else None
+        """SIGTERM the server (it unloads models, stubs finalise), then kill what remains,
+        and remove the shared memory it mapped: a server that did not finalise its models
+        (its exit timeout expired, or it was killed) leaves python backend regions behind."""
+        if self.process is None:
+            return None
+        regions = shm_regions(self.process.pid)
+        code = stop_session(self.process, timeout_s)
+        remove_files(regions)
+        return code
 
     def __enter__(self) -> TritonServer:
         self.start()
