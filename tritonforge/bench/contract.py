@@ -482,9 +482,9 @@ class Contract(Strict):
         names = [t.name for t in self.targets]
         for i, target in enumerate(self.targets):
             if target.tool == "perf_analyzer" and self.load.mode != "concurrency":
-                # Measured (tritonclient 2.51, vllm_model): 20 requests at 1 req/s took
-                # 133 s, 113 s mean latency, and the export held garbage token counts and
-                # stopped at 64 KiB. A figure from that would be the tool's, not Triton's.
+                # perf_analyzer 2.51 at a request rate over a decoupled stream falls behind
+                # its schedule and its export loses token counts: a figure from that would
+                # be the tool's, not Triton's.
                 raise ValueError(
                     f"targets.{i}.tool: perf_analyzer ({target.name}) runs concurrency levels "
                     "only: at a request rate over Triton's decoupled gRPC stream it falls "

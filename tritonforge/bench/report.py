@@ -425,7 +425,7 @@ def _analysis(result: RunResult) -> list[str]:
     out: list[str] = []
     if result.comparisons:
         out += [
-            "## Targets of the issue (judged on the rounds' spread, recorded, not asserted)",
+            "## Targets (judged on the rounds' spread, recorded, not asserted)",
             "",
             *(["**This run was noisy: the verdicts are withheld.**", ""] if result.noisy else []),
             *_comparison_table(result.comparisons),
