@@ -66,6 +66,11 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    #: LoRA adapters of requests that have produced a token / still wait for their first.
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
+    #: Adapters one batch can hold (0: the model serves no adapters).
+    max_lora: int = 0
 
 
 @dataclass(frozen=True)

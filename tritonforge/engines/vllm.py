@@ -24,6 +24,7 @@ their slots. Workaround L1, see docs/triton-2.51-workarounds.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -253,4 +254,7 @@ class VllmEngine(HFTokenizedEngine):
         return None
 
     def stats(self) -> EngineStats:
-        return _SchedulerSnapshot.latest
+        # The zero adapter of workaround L1 holds a slot of its own: not one for requests.
+        reserved = 1 if self._base_lora is not None else 0
+        max_lora = self._args.max_loras - reserved if self._args.enable_lora else 0
+        return dataclasses.replace(_SchedulerSnapshot.latest, max_lora=max_lora)

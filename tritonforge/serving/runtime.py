@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import queue
 import threading
@@ -486,8 +487,27 @@ class Runtime:
             if not self._inflight:
                 # The engine cannot be busy with requests we no longer have; its last
                 # stats snapshot may predate the step that finished them.
-                stats = EngineStats(0, 0, stats.kv_cache_usage)
+                stats = EngineStats(0, 0, stats.kv_cache_usage, max_lora=stats.max_lora)
+            stats = self._with_adapters(stats)
             self._post(functools.partial(self._set_stats, stats))
+
+    def _with_adapters(self, stats: EngineStats) -> EngineStats:
+        """The adapters in flight, for the endpoint picker's LoRA affinity.
+
+        Engine-agnostic: a request that has produced a token is running on its adapter,
+        one that has not (queued or in prefill) waits for it.
+        """
+        running: set[str] = set()
+        waiting: set[str] = set()
+        with self._lock:
+            inflight = list(self._inflight.values())
+        for entry in inflight:
+            timing = entry.timing
+            if timing is not None and timing.lora is not None:
+                (running if timing.first_token_at is not None else waiting).add(timing.lora)
+        return dataclasses.replace(
+            stats, running_loras=tuple(sorted(running)), waiting_loras=tuple(sorted(waiting))
+        )
 
     async def _watch_server(self, watch: ShutdownWatch) -> None:
         """Server shutting down: give requests in flight their grace, then end them."""

@@ -11,10 +11,17 @@ request is, and in per-adapter series (``lora_request_outcome_total``,
 ``lora_prompt_tokens_total``, ``lora_generation_tokens_total``) labelled
 ``lora="<name>"``. The model's own series keep their labels, so dashboards and alerts
 written for them see no change; the adapter series tell adapters apart.
+
+``<prefix>:lora_requests_info`` is the gauge the Gateway API Inference Extension's endpoint
+picker reads for LoRA affinity, in vLLM's form: one series whose labels
+``running_lora_adapters`` and ``waiting_lora_adapters`` (comma-separated names) and
+``max_lora`` carry the state, and whose value is the time it was last set (the picker
+takes the newest). When the labels change the old series is deleted, so one remains.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tritonforge.engines.base import EngineStats
@@ -51,6 +58,8 @@ class TritonMetrics:
         self.running = self._metric("num_requests_running", gauge, "Requests the engine is running")
         self.waiting = self._metric("num_requests_waiting", gauge, "Requests waiting in the engine")
         self.kv_usage = self._metric("kv_cache_usage_perc", gauge, "KV-cache usage (1 = full)")
+        self._lora_info: Any = None
+        self._lora_info_labels: dict[str, str] = {}
         self.engine_restarts = self._metric(
             "engine_restarts_total",
             counter,
@@ -164,3 +173,24 @@ class TritonMetrics:
         self.waiting.set(stats.waiting)
         if stats.kv_cache_usage is not None:
             self.kv_usage.set(stats.kv_cache_usage)
+        self._set_lora_info(stats)
+
+    def _set_lora_info(self, stats: EngineStats) -> None:
+        """The picker's LoRA gauge: labels say which adapters run and wait, value when."""
+        labels = {
+            **self._labels,
+            "running_lora_adapters": ",".join(stats.running_loras),
+            "waiting_lora_adapters": ",".join(stats.waiting_loras),
+            "max_lora": str(stats.max_lora),
+        }
+        if labels != self._lora_info_labels:
+            # Dropping the Metric deletes its series: the stale label set disappears.
+            self._lora_info = None
+            self._lora_info = self._metric(
+                "lora_requests_info",
+                self._family.GAUGE,
+                "Running and waiting LoRA adapters (labels); value: when last set (Unix s)",
+                labels=labels,
+            )
+            self._lora_info_labels = labels
+        self._lora_info.set(time.time())
