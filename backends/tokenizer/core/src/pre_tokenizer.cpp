@@ -63,6 +63,35 @@ std::size_t WhitespaceEnd(std::size_t k, std::size_t j, std::size_t m) {
   return (j == m || j - k == 1) ? j : j - 1;
 }
 
+// 's 't 'm 'd 're 've 'll at char k: its length in chars, else 0. `is` says whether a
+// char is one of a contraction's letters (GPT-2: lower case only; cl100k: either case).
+template <typename IsLetter>
+std::size_t ContractionLength(const std::vector<char32_t>& cp, std::size_t k, IsLetter is) {
+  const std::size_t m = cp.size();
+  if (cp[k] != U'\'' || k + 1 >= m) return 0;
+  const char32_t c1 = cp[k + 1];
+  if (is(ContractionLetter::kSingle, c1)) return 2;
+  if (k + 2 >= m) return 0;
+  const char32_t c2 = cp[k + 2];
+  const bool re_ve = is(ContractionLetter::kROrV, c1) && is(ContractionLetter::kE, c2);
+  const bool ll = is(ContractionLetter::kL, c1) && is(ContractionLetter::kL, c2);
+  return re_ve || ll ? 3 : 0;
+}
+
+bool IsGpt2ContractionLetter(ContractionLetter kind, char32_t c) {
+  switch (kind) {
+    case ContractionLetter::kSingle:
+      return c == U's' || c == U't' || c == U'm' || c == U'd';
+    case ContractionLetter::kROrV:
+      return c == U'r' || c == U'v';
+    case ContractionLetter::kE:
+      return c == U'e';
+    case ContractionLetter::kL:
+      return c == U'l';
+  }
+  return false;
+}
+
 void SplitGpt2(std::string_view text, std::vector<std::string_view>* out) {
   thread_local DecodedText d;
   d.Decode(text, PatternFamily::kGpt2);
@@ -72,22 +101,10 @@ void SplitGpt2(std::string_view text, std::vector<std::string_view>* out) {
   const std::size_t m = cp.size();
   std::size_t k = 0;
   while (k < m) {
-    if (cp[k] == U'\'' && k + 1 < m) {
-      const char32_t c1 = cp[k + 1];
-      if (c1 == U's' || c1 == U't' || c1 == U'm' || c1 == U'd') {
-        emit(k, k + 2);
-        k += 2;
-        continue;
-      }
-      if (k + 2 < m) {
-        const char32_t c2 = cp[k + 2];
-        if ((c1 == U'r' && c2 == U'e') || (c1 == U'v' && c2 == U'e') ||
-            (c1 == U'l' && c2 == U'l')) {
-          emit(k, k + 3);
-          k += 3;
-          continue;
-        }
-      }
+    if (const std::size_t n = ContractionLength(cp, k, IsGpt2ContractionLetter)) {
+      emit(k, k + n);
+      k += n;
+      continue;
     }
     const std::size_t start = k;
     CharClass run = cls[k];
@@ -116,6 +133,9 @@ void SplitCl100k(std::string_view text, std::vector<std::string_view>* out) {
   thread_local DecodedText d;
   d.Decode(text, PatternFamily::kCl100k);
   const CharTable& table = CharTable::Get();
+  const auto is = [&table](ContractionLetter kind, char32_t c) {
+    return table.IsContraction(kind, c);
+  };
   const Emitter emit(text, d, out);
   const auto& cp = d.codepoints;
   const auto& cls = d.classes;
@@ -123,24 +143,10 @@ void SplitCl100k(std::string_view text, std::vector<std::string_view>* out) {
   std::size_t k = 0;
   while (k < m) {
     // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if (cp[k] == U'\'' && k + 1 < m) {
-      const char32_t c1 = cp[k + 1];
-      if (table.IsContraction(ContractionLetter::kSingle, c1)) {
-        emit(k, k + 2);
-        k += 2;
-        continue;
-      }
-      if (k + 2 < m) {
-        const char32_t c2 = cp[k + 2];
-        if ((table.IsContraction(ContractionLetter::kROrV, c1) &&
-             table.IsContraction(ContractionLetter::kE, c2)) ||
-            (table.IsContraction(ContractionLetter::kL, c1) &&
-             table.IsContraction(ContractionLetter::kL, c2))) {
-          emit(k, k + 3);
-          k += 3;
-          continue;
-        }
-      }
+    if (const std::size_t n = ContractionLength(cp, k, is)) {
+      emit(k, k + n);
+      k += n;
+      continue;
     }
     const CharClass cl = cls[k];
     // [^\r\n\p{L}\p{N}]?\p{L}+
