@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from tritonforge.engines.base import EngineOutput
+from tritonforge.engines.base import EngineOutput, PositionLogprobs
 from tritonforge.serving.schema import ReturnFlags
 
 
@@ -24,7 +26,7 @@ class Generation:
 
     text_parts: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
 
@@ -70,7 +72,7 @@ def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutpu
     )
 
 
-def text_tensor(value: str) -> np.ndarray:
+def text_tensor(value: str) -> npt.NDArray[Any]:
     """One UTF-8 string as a 1-element BYTES tensor, the shape of every text output."""
     return np.array([value.encode("utf-8")], dtype=np.object_)
 
@@ -80,7 +82,7 @@ def build_outputs(
     returns: ReturnFlags,
     num_input_tokens: int,
     prefix: str = "",
-) -> dict[str, np.ndarray]:
+) -> dict[str, npt.NDArray[Any]]:
     """Tensors for one response; ``prefix`` is the echoed prompt, if any."""
     tensors = {"text_output": text_tensor(prefix + output.text)}
     if returns.finish_reason:

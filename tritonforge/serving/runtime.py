@@ -35,9 +35,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-import numpy as np
+import numpy.typing as npt
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
 from tritonforge.serving.admission import Admission
@@ -55,7 +55,7 @@ class Channel(Protocol):
     """Where one request's responses go (Triton's response sender, at the edge)."""
 
     def send(
-        self, tensors: dict[str, np.ndarray] | None, error: Exception | None, final: bool
+        self, tensors: dict[str, npt.NDArray[Any]] | None, error: BaseException | None, final: bool
     ) -> None:
         """Send output tensors or an error; ``final`` closes the request."""
 
@@ -151,7 +151,7 @@ class _Inflight:
     outbox: Outbox
     deadline: Deadline | None = None
     cancelled: bool = False
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     #: Why the runtime ended the request (the engine failed), if it did.
     failure: EngineUnavailable | None = None
     #: Its FINAL response went out: nothing more may follow (one FINAL per request).
@@ -159,7 +159,7 @@ class _Inflight:
     #: Its metrics so far; recorded with the FINAL response (see ``Runtime._send``).
     timing: _Timing | None = None
     #: An engine output → its response tensors (the outputs the request asked for).
-    build: Callable[[EngineOutput], dict[str, np.ndarray]] | None = None
+    build: Callable[[EngineOutput], dict[str, npt.NDArray[Any]]] | None = None
 
 
 class Runtime:
@@ -366,7 +366,7 @@ class Runtime:
             entry.channel.send(tensors, final.error, True)
 
     @staticmethod
-    def _tensors(entry: _Inflight, output: EngineOutput) -> dict[str, np.ndarray]:
+    def _tensors(entry: _Inflight, output: EngineOutput) -> dict[str, npt.NDArray[Any]]:
         assert entry.build is not None, "an output before the request was served"
         return entry.build(output)
 
