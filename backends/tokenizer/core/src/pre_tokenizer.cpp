@@ -92,108 +92,99 @@ bool IsGpt2ContractionLetter(ContractionLetter kind, char32_t c) {
   return false;
 }
 
-void SplitGpt2(std::string_view text, std::vector<std::string_view>* out) {
+using Codepoints = std::vector<char32_t>;
+using Classes = std::vector<CharClass>;
+
+// Both families' frame: decode `text`, then from each piece's first char a contraction
+// if one starts there, else the family's `piece` rule, which returns where the piece ends.
+template <typename IsLetter, typename Piece>
+void SplitPieces(std::string_view text, PatternFamily family, std::vector<std::string_view>* out,
+                 IsLetter is_contraction_letter, Piece piece) {
   thread_local DecodedText d;
-  d.Decode(text, PatternFamily::kGpt2);
+  d.Decode(text, family);
   const Emitter emit(text, d, out);
-  const auto& cp = d.codepoints;
-  const auto& cls = d.classes;
-  const std::size_t m = cp.size();
   std::size_t k = 0;
-  while (k < m) {
-    if (const std::size_t n = ContractionLength(cp, k, IsGpt2ContractionLetter)) {
-      emit(k, k + n);
-      k += n;
-      continue;
-    }
-    const std::size_t start = k;
-    CharClass run = cls[k];
-    if (cp[k] == U' ' && k + 1 < m && cls[k + 1] != CharClass::kSpace) {
-      run = cls[k + 1];  // " ?" takes the space into the letters/numbers/other run
-      ++k;
-    }
-    if (run != CharClass::kSpace) {
-      std::size_t j = k + 1;
-      while (j < m && cls[j] == run) ++j;
-      emit(start, j);
-      k = j;
-      continue;
-    }
-    std::size_t j = k;
-    while (j < m && cls[j] == CharClass::kSpace) ++j;
-    const std::size_t end = WhitespaceEnd(k, j, m);
+  while (k < d.codepoints.size()) {
+    const std::size_t n = ContractionLength(d.codepoints, k, is_contraction_letter);
+    const std::size_t end = n != 0 ? k + n : piece(d.codepoints, d.classes, k);
     emit(k, end);
     k = end;
   }
 }
 
+// GPT-2 after the contractions: " ?" letters, numbers or others; else whitespace.
+std::size_t Gpt2Piece(const Codepoints& cp, const Classes& cls, std::size_t k) {
+  const std::size_t m = cp.size();
+  std::size_t first = k;
+  CharClass run = cls[k];
+  if (cp[k] == U' ' && k + 1 < m && cls[k + 1] != CharClass::kSpace) {
+    run = cls[k + 1];  // " ?" takes the space into the letters/numbers/other run
+    ++first;
+  }
+  if (run != CharClass::kSpace) {
+    std::size_t j = first + 1;
+    while (j < m && cls[j] == run) ++j;
+    return j;
+  }
+  std::size_t j = k;
+  while (j < m && cls[j] == CharClass::kSpace) ++j;
+  return WhitespaceEnd(k, j, m);
+}
+
 bool IsLineBreak(char32_t c) { return c == U'\r' || c == U'\n'; }
 
+// cl100k after the contractions (?i:'s|'t|'re|'ve|'m|'ll|'d).
+std::size_t Cl100kPiece(const Codepoints& cp, const Classes& cls, std::size_t k) {
+  const std::size_t m = cp.size();
+  const CharClass cl = cls[k];
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  std::size_t letters_from = m;
+  if (cl == CharClass::kLetter) {
+    letters_from = k;
+  } else if (cl != CharClass::kNumber && !IsLineBreak(cp[k]) && k + 1 < m &&
+             cls[k + 1] == CharClass::kLetter) {
+    letters_from = k + 1;
+  }
+  if (letters_from < m) {
+    std::size_t j = letters_from + 1;
+    while (j < m && cls[j] == CharClass::kLetter) ++j;
+    return j;
+  }
+  // \p{N}{1,3}
+  if (cl == CharClass::kNumber) {
+    std::size_t j = k + 1;
+    while (j < m && j < k + 3 && cls[j] == CharClass::kNumber) ++j;
+    return j;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  std::size_t p = k;
+  if (cp[k] == U' ' && k + 1 < m && cls[k + 1] == CharClass::kOther) p = k + 1;
+  if (cls[p] == CharClass::kOther) {
+    std::size_t j = p + 1;
+    while (j < m && cls[j] == CharClass::kOther) ++j;
+    while (j < m && IsLineBreak(cp[j])) ++j;
+    return j;
+  }
+  // Whitespace: \s*[\r\n]+ up to the run's last line break, else \s+(?!\S) | \s+.
+  std::size_t j = k;
+  std::size_t after_break = 0;
+  while (j < m && cls[j] == CharClass::kSpace) {
+    if (IsLineBreak(cp[j])) after_break = j + 1;
+    ++j;
+  }
+  return after_break != 0 ? after_break : WhitespaceEnd(k, j, m);
+}
+
+void SplitGpt2(std::string_view text, std::vector<std::string_view>* out) {
+  SplitPieces(text, PatternFamily::kGpt2, out, IsGpt2ContractionLetter, Gpt2Piece);
+}
+
 void SplitCl100k(std::string_view text, std::vector<std::string_view>* out) {
-  thread_local DecodedText d;
-  d.Decode(text, PatternFamily::kCl100k);
   const CharTable& table = CharTable::Get();
   const auto is = [&table](ContractionLetter kind, char32_t c) {
     return table.IsContraction(kind, c);
   };
-  const Emitter emit(text, d, out);
-  const auto& cp = d.codepoints;
-  const auto& cls = d.classes;
-  const std::size_t m = cp.size();
-  std::size_t k = 0;
-  while (k < m) {
-    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if (const std::size_t n = ContractionLength(cp, k, is)) {
-      emit(k, k + n);
-      k += n;
-      continue;
-    }
-    const CharClass cl = cls[k];
-    // [^\r\n\p{L}\p{N}]?\p{L}+
-    std::size_t letters_from = m;
-    if (cl == CharClass::kLetter) {
-      letters_from = k;
-    } else if (cl != CharClass::kNumber && !IsLineBreak(cp[k]) && k + 1 < m &&
-               cls[k + 1] == CharClass::kLetter) {
-      letters_from = k + 1;
-    }
-    if (letters_from < m) {
-      std::size_t j = letters_from + 1;
-      while (j < m && cls[j] == CharClass::kLetter) ++j;
-      emit(k, j);
-      k = j;
-      continue;
-    }
-    // \p{N}{1,3}
-    if (cl == CharClass::kNumber) {
-      std::size_t j = k + 1;
-      while (j < m && j < k + 3 && cls[j] == CharClass::kNumber) ++j;
-      emit(k, j);
-      k = j;
-      continue;
-    }
-    //  ?[^\s\p{L}\p{N}]+[\r\n]*
-    std::size_t p = k;
-    if (cp[k] == U' ' && k + 1 < m && cls[k + 1] == CharClass::kOther) p = k + 1;
-    if (cls[p] == CharClass::kOther) {
-      std::size_t j = p + 1;
-      while (j < m && cls[j] == CharClass::kOther) ++j;
-      while (j < m && IsLineBreak(cp[j])) ++j;
-      emit(k, j);
-      k = j;
-      continue;
-    }
-    // Whitespace: \s*[\r\n]+ up to the run's last line break, else \s+(?!\S) | \s+.
-    std::size_t j = k;
-    std::size_t after_break = 0;
-    while (j < m && cls[j] == CharClass::kSpace) {
-      if (IsLineBreak(cp[j])) after_break = j + 1;
-      ++j;
-    }
-    const std::size_t end = after_break != 0 ? after_break : WhitespaceEnd(k, j, m);
-    emit(k, end);
-    k = end;
-  }
+  SplitPieces(text, PatternFamily::kCl100k, out, is, Cl100kPiece);
 }
 
 }  // namespace
