@@ -43,6 +43,7 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from tritonforge.engines.base import (
     ConfigFile,
@@ -71,7 +72,13 @@ class _SchedulerSnapshot(StatLoggerBase):
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         del vllm_config, engine_index
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
         if scheduler_stats is not None:
             type(self).latest = EngineStats(
                 running=scheduler_stats.num_running_reqs,
@@ -181,7 +188,7 @@ class VllmEngine(HFTokenizedEngine):
             )
         limit = self._args.max_lora_rank
         for adapter in adapters:
-            if limit is not None and adapter.rank > limit:
+            if adapter.rank > limit:
                 raise ValueError(
                     f"{LORA_FILE}: adapter {adapter.name!r} has rank {adapter.rank}, above "
                     f"max_lora_rank {limit} in model.json"
