@@ -47,11 +47,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 import numpy as np
+import numpy.typing as npt
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from tritonforge.engines.base import (
     ConfigFile,
@@ -92,7 +94,7 @@ class _Vocabulary:
 
     plain: list[bytes]  # special tokens render as nothing (skip_special_tokens)
     with_special: list[bytes]  # special tokens render as their text
-    ends_generation: np.ndarray  # bool per token id: EOS, EOT and the like
+    ends_generation: npt.NDArray[np.bool_]  # bool per token id: EOS, EOT and the like
 
     @classmethod
     def read(cls, llama: Any) -> _Vocabulary:
@@ -138,7 +140,7 @@ class _Job:
     prompt: list[int]
     sampling: SamplingParams
     grammar: str | None  # GBNF, already checked against the vocabulary
-    deliver: Callable[[EngineOutput | BaseException], None]
+    deliver: Callable[[EngineOutput | BaseException], object]
     lora: Any = None  # the llama.cpp adapter to run with (None: the base model)
     cancel: threading.Event = field(default_factory=threading.Event)
     state: _JobState = _JobState.QUEUED
@@ -238,7 +240,7 @@ class _Context:
         if status != 0:
             raise RuntimeError(f"llama_decode failed (status {status})")
 
-    def logits(self, index: int) -> np.ndarray:
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
         """The logits of output ``index`` of the last call, as a view (valid until the next)."""
         pointer = llama_cpp.llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
@@ -390,18 +392,24 @@ class LlamaCppEngine(Engine):
 
     @property
     def vocab_size(self) -> int:
-        return self._llama.n_vocab()
+        size: int = self._llama.n_vocab()
+        return size
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         # add_bos asks for the model's own special tokens (BOS only if its vocab says so);
         # special=True parses special-token text, as HF tokenizers do.
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True)
+        ids: list[int] = self._llama.tokenize(
+            text.encode("utf-8"), add_bos=add_special_tokens, special=True
+        )
+        return ids
 
     def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
         if self._formatter is None:
             raise RequestError("messages", "this GGUF has no chat template; send text_input")
         try:
-            return self._formatter(messages=[dict(m) for m in messages]).prompt
+            # The schema checked each message's role and content: llama_cpp's message shape.
+            chat = cast(list[ChatCompletionRequestMessage], [dict(m) for m in messages])
+            return self._formatter(messages=chat).prompt
         except ValueError as exc:  # the template's raise_exception()
             raise RequestError("messages", f"rejected by the chat template: {exc}") from None
 
@@ -591,7 +599,7 @@ class LlamaCppEngine(Engine):
         assert self._ctx is not None
         items = [(s.token, s.position, s.slot.seq_id, True) for s in generating]
         try:
-            self._ctx.decode(items)  # type: ignore[arg-type]
+            self._ctx.decode(items)  # type: ignore[arg-type]  # generating: token is set
         except Exception as exc:
             for sequence in generating:
                 self._leave(sequence)
@@ -621,7 +629,9 @@ class LlamaCppEngine(Engine):
             self._leave(sequence)
         sequence.job.deliver(output)
 
-    def _logprobs(self, logits: np.ndarray, token: int, top: int) -> tuple[PositionLogprobs, float]:
+    def _logprobs(
+        self, logits: npt.NDArray[np.float64], token: int, top: int
+    ) -> tuple[PositionLogprobs, float]:
         logprobs = logits - logits.max()
         logprobs -= np.log(np.exp(logprobs).sum())
         chosen = float(logprobs[token])

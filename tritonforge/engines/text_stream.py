@@ -22,6 +22,9 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from tritonforge.engines.base import EngineOutput, PositionLogprobs
 from tritonforge.serving.sampling import SamplingParams
 
@@ -107,7 +110,7 @@ class TokenDecoding:
 
     params: SamplingParams
     pieces: Sequence[bytes]
-    ends_generation: Sequence[bool]
+    ends_generation: Sequence[bool] | npt.NDArray[np.bool_]
     stream: TextStream
     limit: int  # max_tokens; Engine.prepare already checked it fits the context
     generated: int = 0
