@@ -9,7 +9,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonforge.engines.config import load_engine_config, resolve_paths
 from tritonforge.engines.lora import LoraAdapter, load_adapters
-from tritonforge.launch.launcher import server_environment
+from tritonforge.launch.launcher import OpenAIFrontend, server_environment
 
 
 def bytes_input(name: str, value: str | bytes) -> grpcclient.InferInput:
@@ -213,6 +214,18 @@ def wait_for(
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@contextmanager
+def openai_frontend(grpc_url: str, log_path: Path) -> Iterator[OpenAIFrontend]:
+    """This project's OpenAI frontend in front of ``grpc_url`` on a free port, ready."""
+    service = OpenAIFrontend.on_free_port(grpc_url, log_path=log_path)
+    service.start()
+    try:
+        service.wait_ready()
+        yield service
+    finally:
+        service.stop()
 
 
 def served_engine_settings(

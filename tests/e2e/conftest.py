@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-
 import pytest
 
-from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
-
-
-@contextmanager
-def openai_frontend(grpc_url: str, log_path: Path) -> Iterator[OpenAIFrontend]:
-    """This project's OpenAI frontend in front of ``grpc_url`` on a free port, ready."""
-    service = OpenAIFrontend.on_free_port(grpc_url, log_path=log_path)
-    service.start()
-    try:
-        service.wait_ready()
-        yield service
-    finally:
-        service.stop()
+from tests.e2e.client import openai_frontend
+from tritonforge.launch.launcher import TritonServer
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from tests.e2e.client import generate, llm_inputs, metric, stream
+from tests.e2e.client import generate, llm_inputs, metric, openai_frontend, stream
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 MODEL = "vllm_slo_model"
@@ -41,13 +41,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def openai(server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("slo-openai") / "openai.log"
-    service = OpenAIFrontend.on_free_port(server.grpc_url, log_path=log)
-    service.start()
-    try:
-        service.wait_ready()
+    with openai_frontend(server.grpc_url, log) as service:
         yield service
-    finally:
-        service.stop()
 
 
 def refused(server: TritonServer) -> float:
