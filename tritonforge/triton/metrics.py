@@ -15,8 +15,8 @@ written for them see no change; the adapter series tell adapters apart.
 ``<prefix>:lora_requests_info`` is the gauge the Gateway API Inference Extension's endpoint
 picker reads for LoRA affinity, in vLLM's form: one series whose labels
 ``running_lora_adapters`` and ``waiting_lora_adapters`` (comma-separated names) and
-``max_lora`` carry the state, and whose value is the time it was last set (the picker
-takes the newest). When the labels change the old series is deleted, so one remains.
+``max_lora`` carry the state, and whose value is the time it was last set: the picker
+takes the newest series, so a former label set (Triton 2.51 keeps its series) is ignored.
 """
 
 from __future__ import annotations
@@ -184,8 +184,7 @@ class TritonMetrics:
             "max_lora": str(stats.max_lora),
         }
         if labels != self._lora_info_labels:
-            # Dropping the Metric deletes its series: the stale label set disappears.
-            self._lora_info = None
+            self._lora_info = None  # the former label set stops being updated
             self._lora_info = self._metric(
                 "lora_requests_info",
                 self._family.GAUGE,
