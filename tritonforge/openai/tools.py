@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator, SchemaError  # type: ignore[import-untyped]
+from jsonschema import Draft202012Validator, SchemaError
 
 from tritonforge.openai.errors import invalid
 
