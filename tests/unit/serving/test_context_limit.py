@@ -84,7 +84,7 @@ def test_no_engine_adapter_overrides_the_shared_check() -> None:
 
 
 def test_llamacpp_generates_max_tokens_without_lowering_it() -> None:
-    """llama.cpp used to cap max_tokens at the room left silently; the core now rejects."""
+    """A max_tokens past the context is the core's refusal, never a silent cap in the engine."""
     engine = LlamaCppEngine({"n_ctx": 50})
     engine._llama = SimpleNamespace(_model=SimpleNamespace(vocab=None))
     engine._ctx = SimpleNamespace(forget=lambda seq_id, start: None)
