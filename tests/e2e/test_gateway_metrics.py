@@ -6,7 +6,7 @@ and the running requests as gauges, the KV-cache usage as a gauge in [0, 1], and
 affinity ``lora_requests_info``: a gauge whose labels ``running_lora_adapters`` and
 ``waiting_lora_adapters`` (comma-separated names) and ``max_lora`` describe the adapters and
 whose value is when it was last set. Every LLM model on the session server is checked; the
-live adapter check needs ``vllm_lora_model`` there (TRITONFORGE_TEST_MODELS).
+live adapter check runs on the LoRA models' own server (tests/e2e/test_lora.py).
 """
 
 from __future__ import annotations
@@ -87,9 +87,11 @@ def test_lora_info_is_one_fresh_gauge_with_the_adapter_labels(triton_server, loa
         assert info.labels["running_lora_adapters"] == ""  # idle
 
 
-def test_an_adapter_in_flight_shows_in_the_labels_then_leaves(triton_server, loaded) -> None:
-    if LORA_MODEL not in loaded:
-        pytest.skip(f"{LORA_MODEL} is not loaded on the session server")
+def adapter_shows_then_leaves(triton_server: TritonServer) -> None:
+    """A request on smol-alpha shows in the newest lora_requests_info, then leaves it.
+
+    Run by tests/e2e/test_lora.py on its own server, which serves ``vllm_lora_model``.
+    """
     inputs = llm_inputs("Count slowly:", {"temperature": 0, "max_tokens": 200, "ignore_eos": True})
     inputs.append(bytes_input("lora_name", "smol-alpha"))
     result: list[object] = []

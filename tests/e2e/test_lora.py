@@ -25,6 +25,7 @@ from tests.e2e.client import (
     stream,
 )
 from tests.e2e.readme_examples import Addresses, blocks, models, run_block
+from tests.e2e.test_gateway_metrics import adapter_shows_then_leaves
 from tritonforge.launch.launcher import TritonServer
 
 MODEL = "vllm_lora_model"
@@ -245,3 +246,8 @@ def test_readme_lora_examples(server) -> None:
     assert examples, "README.md has no LoRA request example"
     for block in examples:
         run_block(block, Addresses(http=server.http_url, grpc=server.grpc_url))
+
+
+def test_the_gateway_picker_sees_an_adapter_in_flight(server) -> None:
+    """deploy/k8s/gateway's endpoint picker routes by lora_requests_info's adapter labels."""
+    adapter_shows_then_leaves(server)
