@@ -245,8 +245,15 @@ def model_identity(model_dir: Path) -> ModelIdentity:
             for chunk in iter(functools.partial(handle.read, 1 << 20), b""):
                 digest.update(chunk)
     return ModelIdentity(
-        name=model_dir.name, path=str(model_dir), sha256=digest.hexdigest(), files=len(files)
+        name=model_dir.name, path=_recorded(model_dir), sha256=digest.hexdigest(), files=len(files)
     )
+
+
+def _recorded(path: Path) -> str:
+    """A path as a result records it: relative to the repository when inside it, so a
+    committed result names no machine's directories."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
 def serving_versions() -> dict[str, str]:
