@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from tritonforge.openai import tools
 from tritonforge.openai.errors import invalid
@@ -434,6 +434,15 @@ def completion_logprobs(output: ModelOutput, text_offset: int) -> CompletionLogp
 # --- response objects ----------------------------------------------------------------
 
 
+class Envelope(TypedDict):
+    """The keys every answer and chunk opens with (``object`` names the kind of body)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+
 @dataclass
 class ResponseIds:
     """What every object of one response shares: id, creation time, model."""
@@ -445,6 +454,15 @@ class ResponseIds:
 
     def __post_init__(self) -> None:
         self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
+
+    def envelope(self, kind: str) -> Envelope:
+        """The opening keys of one body of this response.
+
+        Built here for every kind of body, so all chunks of a stream and its usage chunk
+        carry the same id, time and model, which clients rely on to join a stream into
+        one answer; the response models still check ``kind`` against OpenAI's literal.
+        """
+        return Envelope(id=self.id, object=kind, created=self.created, model=self.model)
 
 
 def tool_calls(calls: Sequence[tools.ToolCall]) -> list[ChatCompletionMessageToolCall]:
@@ -469,14 +487,7 @@ def chat_completion(
     if calls:
         message.tool_calls = tool_calls(calls)
     choice = ChatChoice(index=0, message=message, logprobs=logprobs, finish_reason=reason)
-    return ChatCompletion(
-        id=ids.id,
-        object="chat.completion",
-        created=ids.created,
-        model=ids.model,
-        choices=[choice],
-        usage=usage.report(),
-    )
+    return ChatCompletion(**ids.envelope("chat.completion"), choices=[choice], usage=usage.report())
 
 
 def chat_chunk(
@@ -487,13 +498,7 @@ def chat_chunk(
     with_usage: bool = False,
 ) -> ChatCompletionChunk:
     choice = ChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=reason)
-    chunk = ChatCompletionChunk(
-        id=ids.id,
-        object="chat.completion.chunk",
-        created=ids.created,
-        model=ids.model,
-        choices=[choice],
-    )
+    chunk = ChatCompletionChunk(**ids.envelope("chat.completion.chunk"), choices=[choice])
     return _null_usage(chunk) if with_usage else chunk
 
 
@@ -529,14 +534,7 @@ def completion(
     usage: Usage,
 ) -> Completion:
     choice = CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=reason)
-    return Completion(
-        id=ids.id,
-        object="text_completion",
-        created=ids.created,
-        model=ids.model,
-        choices=[choice],
-        usage=usage.report(),
-    )
+    return Completion(**ids.envelope("text_completion"), choices=[choice], usage=usage.report())
 
 
 def completion_chunk(
@@ -547,13 +545,7 @@ def completion_chunk(
     with_usage: bool = False,
 ) -> CompletionChunk:
     choice = CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=reason)
-    chunk = CompletionChunk(
-        id=ids.id,
-        object="text_completion",
-        created=ids.created,
-        model=ids.model,
-        choices=[choice],
-    )
+    chunk = CompletionChunk(**ids.envelope("text_completion"), choices=[choice])
     return _null_usage(chunk) if with_usage else chunk
 
 
@@ -572,21 +564,9 @@ def usage_chunk(
     """The last chunk of a stream with ``include_usage``: no choices, the usage."""
     if chat:
         return ChatCompletionChunk(
-            id=ids.id,
-            object="chat.completion.chunk",
-            created=ids.created,
-            model=ids.model,
-            choices=[],
-            usage=usage.report(),
+            **ids.envelope("chat.completion.chunk"), choices=[], usage=usage.report()
         )
-    return CompletionChunk(
-        id=ids.id,
-        object="text_completion",
-        created=ids.created,
-        model=ids.model,
-        choices=[],
-        usage=usage.report(),
-    )
+    return CompletionChunk(**ids.envelope("text_completion"), choices=[], usage=usage.report())
 
 
 def model_list(names: Sequence[str], created: int) -> ModelList:
