@@ -32,6 +32,13 @@ class RequestError(ValueError):
 class EngineBusy(RuntimeError):
     """The model's bounded queue is full; the client should retry later (UNAVAILABLE)."""
 
+    @classmethod
+    def at_bound(cls, who: str, max_inflight: int) -> EngineBusy:
+        """The refusal of a request past ``max_inflight``, worded alike by every model that
+        bounds its requests: the OpenAI frontend answers 503 on "is busy", and a client
+        reads the bound (and the setting that raises it) from the message."""
+        return cls(f"{who} is busy: {max_inflight} requests in flight (max_inflight); retry later")
+
 
 class EngineUnavailable(RuntimeError):
     """The engine is shutting down or failed; the request was not (fully) served."""

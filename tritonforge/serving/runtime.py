@@ -280,10 +280,7 @@ class Runtime:
             if self._closing:
                 raise EngineUnavailable("the model is unloading; no new requests are accepted")
             if len(self._inflight) >= self.max_inflight:
-                raise EngineBusy(
-                    f"model is busy: {self.max_inflight} requests in flight (max_inflight); "
-                    "retry later"
-                )
+                raise EngineBusy.at_bound("model", self.max_inflight)
             request_id = uuid.uuid4().hex
             if self.admission is not None:  # raises SloUnattainable: refused at once
                 self.admission.admit(request_id, len(prepared.token_ids), request.sampling)

@@ -182,10 +182,7 @@ class TritonPythonModel:
             if self._closing:
                 raise EngineBusy("guarded_chat is unloading; no new requests are accepted")
             if len(self._inflight) >= self.max_inflight:
-                raise EngineBusy(
-                    f"guarded_chat is busy: {self.max_inflight} requests in flight "
-                    "(max_inflight); retry later"
-                )
+                raise EngineBusy.at_bound("guarded_chat", self.max_inflight)
             thread = threading.Thread(
                 target=self._serve, args=(chat, outbox), name="guarded-chat", daemon=True
             )
