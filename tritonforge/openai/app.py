@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from tritonforge.openai import tools, translate
+from tritonforge.openai import embeddings, tools, translate
 from tritonforge.openai.chunks import TextChunks
 from tritonforge.openai.errors import (
     TRITON_DOWN_RETRY_AFTER_S,
@@ -44,7 +44,7 @@ from tritonforge.openai.errors import (
     invalid,
     unavailable,
 )
-from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from tritonforge.openai.responses import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -343,6 +343,21 @@ class OpenAIServer:
         translate.apply_slo_headers(request, http.headers)
         return body, request
 
+    async def embeddings(self, http: Request) -> Response:
+        """``/v1/embeddings``: every input embedded by the model, one answer."""
+        body = await _parse(http, EmbeddingRequest)
+        items = embeddings.prompts(body)
+        spec = await self.gateway.spec(body.model, "embedding")
+        try:
+            embedded = await until_disconnected(http.receive, self.gateway.embed(spec, items))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        tokens = sum(count for _, count in embedded)
+        vectors = [vector for vector, _ in embedded]
+        return _json(
+            embeddings.embedding_response(body.model, vectors, tokens, body.encoding_format)
+        )
+
     async def generate(self, http: Request, kind: str) -> Response:
         body, request = await self.parse(http, kind)
         try:
@@ -405,8 +420,12 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> Response:
-        names = await gateway.llm_models()
+        names = await gateway.served_models()
         return _json(translate.model_list(names, int(time.time())))
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(request: Request) -> Response:
+        return await server.embeddings(request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

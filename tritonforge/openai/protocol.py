@@ -1,4 +1,4 @@
-"""The request bodies of ``/v1/chat/completions`` and ``/v1/completions``.
+"""The request bodies of ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``.
 
 Pydantic checks the *structure* a translation relies on (a model name, messages with
 roles, a prompt of a known form, a response format). Sampling values are deliberately
@@ -84,3 +84,13 @@ class CompletionRequest(_Request):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+
+
+class EmbeddingRequest(_Open):
+    """``/v1/embeddings``: ``input`` is checked by the translation (its messages name
+    ``input`` and the item), so it is any JSON here."""
+
+    model: str
+    input: Any = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Any = None

@@ -178,6 +178,9 @@ class ModelCard(OpenAIObject):
     object: Literal["model"]
     created: int
     owned_by: str
+    #: A LoRA adapter's base model and directory (vLLM's fields; absent for a model).
+    parent: str | None = None
+    root: str | None = None
 
 
 class ModelList(OpenAIObject):
@@ -194,3 +197,28 @@ class ErrorBody(OpenAIObject):
 
 class ErrorResponse(OpenAIObject):
     error: ErrorBody
+
+
+# --- /v1/embeddings ------------------------------------------------------------------------
+
+
+class Embedding(OpenAIObject):
+    object: Literal["embedding"]
+    index: int
+    #: The vector as numbers, or (``encoding_format: base64``) its little-endian float32
+    #: bytes in base64, as OpenAI sends it.
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(OpenAIObject):
+    """Tokens the engine embedded (no completion tokens: an embedding generates none)."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(OpenAIObject):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

@@ -95,6 +95,13 @@ class ModelSpec:
     name: str
     inputs: frozenset[str]
     outputs: frozenset[str]
+    #: Rows one request may carry (0: the model takes no batch dimension).
+    max_batch_size: int = 0
+
+    @property
+    def is_embedding(self) -> bool:
+        """An embedding model: a text prompt in, an ``embedding`` out, in batches."""
+        return "text_input" in self.inputs and "embedding" in self.outputs
 
     @property
     def is_llm(self) -> bool:

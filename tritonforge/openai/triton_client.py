@@ -6,6 +6,8 @@ the request's final response. The models are decoupled, so the stream is the onl
 in (Triton refuses the unary ``ModelInfer`` for them), and a call per request gives
 cancellation for free: cancelling the call is what Triton's frontend turns into the
 request's cancellation, which the model's runtime polls and aborts in the engine.
+Embedding models are not decoupled: each of their requests is one unary ``ModelInfer``
+carrying a batch of rows, which Triton's dynamic batcher may merge with others.
 
 Model configs are read over gRPC once per model and cached: a request then costs no
 control-plane round trip. A model that went away is noticed by its error
@@ -20,18 +22,21 @@ UNAVAILABLE (no wait-for-ready): the client gets a 503 it can retry.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import struct
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.openai.embeddings import Prompt, input_error
 from tritonforge.openai.errors import (
     OpenAIError,
     from_triton,
@@ -40,6 +45,9 @@ from tritonforge.openai.errors import (
     unreachable,
 )
 from tritonforge.openai.translate import ModelOutput, ModelSpec, TritonRequest
+
+#: Which models :meth:`TritonGateway.spec` accepts.
+SpecKind = Literal["llm", "embedding", "any"]
 
 
 def _bytes(name: str, value: str) -> grpcclient.InferInput:
@@ -68,6 +76,20 @@ def request_inputs(request: TritonRequest) -> list[grpcclient.InferInput]:
     inputs = [prompt, _bytes("sampling_parameters", json.dumps(request.sampling))]
     inputs += [_bool(name, value) for name, value in request.flags.items()]
     return inputs
+
+
+def embedding_inputs(rows: list[Prompt]) -> list[grpcclient.InferInput]:
+    """One embedding request's rows: texts as ``text_input`` [n, 1], or one token-id
+    list as ``input_ids`` [1, length]."""
+    if isinstance(rows[0], str):
+        texts = np.array([[str(row).encode("utf-8")] for row in rows], dtype=np.object_)
+        tensor = grpcclient.InferInput("text_input", list(texts.shape), "BYTES")
+        tensor.set_data_from_numpy(texts)
+        return [tensor]
+    ids = np.array(rows, dtype=np.int32)
+    tensor = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
+    tensor.set_data_from_numpy(ids)
+    return [tensor]
 
 
 def _byte_elements(raw: bytes) -> list[bytes]:
@@ -215,10 +237,19 @@ class TritonGateway:
     def forget(self, model: str) -> None:
         self._specs.pop(model, None)
 
-    async def spec(self, model: str) -> ModelSpec:
-        """The model's schema inputs and outputs; 404 unless it is a loaded LLM model."""
-        if (cached := self._specs.get(model)) is not None:
-            return cached
+    async def spec(self, model: str, kind: SpecKind = "llm") -> ModelSpec:
+        """The model's schema inputs and outputs; 404 unless it is a loaded model of
+        ``kind`` (``llm``: the generate schema; ``embedding``; ``any``: either or neither)."""
+        spec = self._specs.get(model) or await self._read_spec(model)
+        if kind == "llm" and not spec.is_llm:
+            raise model_not_found(model, "is not an LLM model (no text prompt and sampling input)")
+        if kind == "embedding" and not spec.is_embedding:
+            raise model_not_found(
+                model, "is not an embedding model (no text_input input and embedding output)"
+            )
+        return spec
+
+    async def _read_spec(self, model: str) -> ModelSpec:
         try:
             reply = await self.client.get_model_config(model, as_json=True, client_timeout=10)
         except InferenceServerException as exc:
@@ -233,14 +264,14 @@ class TritonGateway:
             name=model,
             inputs=frozenset(i["name"] for i in config.get("input", [])),
             outputs=frozenset(o["name"] for o in config.get("output", [])),
+            max_batch_size=int(config.get("max_batch_size", 0)),
         )
-        if not spec.is_llm:
-            raise model_not_found(model, "is not an LLM model (no text prompt and sampling input)")
         self._specs[model] = spec
         return spec
 
-    async def llm_models(self) -> list[str]:
-        """Names of the LLM models that are ready now, from the repository index."""
+    async def served_models(self) -> list[str]:
+        """Names of the LLM and embedding models that are ready now, from the repository
+        index."""
         try:
             index = await self.client.get_model_repository_index(as_json=True, client_timeout=10)
         except InferenceServerException as exc:
@@ -250,11 +281,52 @@ class TritonGateway:
             if entry.get("state") != "READY":
                 continue
             try:
-                await self.spec(entry["name"])
+                spec = await self.spec(entry["name"], "any")
             except OpenAIError:
-                continue  # not an LLM model, or gone since the index was read
-            names.append(entry["name"])
+                continue  # gone since the index was read
+            if spec.is_llm or spec.is_embedding:
+                names.append(entry["name"])
         return sorted(set(names))
+
+    async def embed(
+        self, spec: ModelSpec, items: list[Prompt]
+    ) -> list[tuple[npt.NDArray[np.float32], int]]:
+        """Each input's vector and token count, in order.
+
+        Texts go in requests of up to the model's ``max_batch_size`` rows, all at once;
+        token-id lists one per request (the rows of one tensor share a length). A
+        failed request fails the whole call, its error naming the body's input item.
+        """
+        size = max(spec.max_batch_size, 1) if isinstance(items[0], str) else 1
+        groups = [(first, items[first : first + size]) for first in range(0, len(items), size)]
+        results = await asyncio.gather(
+            *(self._embed_rows(spec.name, rows) for _, rows in groups), return_exceptions=True
+        )
+        embedded: list[tuple[npt.NDArray[np.float32], int]] = []
+        for (first, _), result in zip(groups, results, strict=True):
+            if isinstance(result, OpenAIError):
+                raise input_error(result, first, len(items) == 1)
+            if isinstance(result, BaseException):
+                raise result
+            embedded.extend(result)
+        return embedded
+
+    async def _embed_rows(
+        self, model: str, rows: list[Prompt]
+    ) -> list[tuple[npt.NDArray[np.float32], int]]:
+        try:
+            result = await self.client.infer(model, embedding_inputs(rows))
+        except InferenceServerException as exc:
+            message, status = exc.message() or "", str(exc.status() or "")
+            error = from_triton(message, model)
+            if error.status == 404:
+                self.forget(model)
+            if error.status == 500 and "UNAVAILABLE" in status:
+                raise unreachable(self.url, message) from None  # Triton itself is down
+            raise error from None
+        vectors = result.as_numpy("embedding")
+        counts = result.as_numpy("num_input_tokens")
+        return [(vectors[i], int(counts[i][0])) for i in range(len(rows))]
 
     def stream(self, model: str, request: TritonRequest) -> TritonStream:
         """Send one request to ``model`` and return its responses as they come."""

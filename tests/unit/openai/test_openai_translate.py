@@ -340,7 +340,7 @@ class FakeGateway:
             raise model_not_found(model)
         return LLM
 
-    async def llm_models(self) -> list[str]:
+    async def served_models(self) -> list[str]:
         return ["llm"]
 
     async def server_ready(self) -> bool:
