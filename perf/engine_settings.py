@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +133,7 @@ def main() -> None:
     from tritonforge.bench.environment import capture
     from tritonforge.engines.config import load_engine_config, resolve_paths
     from tritonforge.launch.launcher import server_environment
+    from tritonforge.paths import new_run_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--candidate", action="append", required=True)
@@ -149,8 +149,7 @@ def main() -> None:
     os.environ["TRITONFORGE_MODELS"] = env["TRITONFORGE_MODELS"]
     version_dir = REPO / "model_repository/vllm_model/1"
     settings = resolve_paths(load_engine_config(version_dir, "model.json"), version_dir, ("model",))
-    out_dir = opts.out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_dir.mkdir(parents=True)
+    out_dir = new_run_dir(opts.out)
     record = {
         "environment": capture(Path(settings["model"])).model_dump(),
         "engine_settings": settings,

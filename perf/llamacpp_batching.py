@@ -51,6 +51,7 @@ from tritonforge.bench.results import judge  # noqa: E402
 from tritonforge.bench.stream_clients import GenerateStreamClient, StreamRecord  # noqa: E402
 from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
+from tritonforge.paths import new_run_dir  # noqa: E402
 
 FIFO_MODEL_PY = """
 import importlib.util, pathlib, sys
@@ -240,8 +241,7 @@ def main() -> None:
     parser.add_argument("--max-foreign-cpu-share", type=float, default=0.10)
     parser.add_argument("--out", type=Path, default=REPO / "perf/results/llamacpp")
     opts = parser.parse_args()
-    out_dir = opts.out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_dir.mkdir(parents=True)
+    out_dir = new_run_dir(opts.out)
     model_dir = Path(server_environment()["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
     variants = {"batched": json.loads(opts.set)} | {
         a.split("=", 1)[0]: json.loads(a.split("=", 1)[1]) for a in opts.also

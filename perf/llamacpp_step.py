@@ -22,7 +22,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
+from tritonforge.paths import new_run_dir  # noqa: E402
 
 PROBE = r"""
 import json, statistics, sys, time
@@ -124,8 +124,7 @@ def main() -> None:
                          "noise": watch.sample.model_dump()})  # fmt: skip
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
     record["rows"] = rows
-    out_dir = opts.out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_dir.mkdir(parents=True)
+    out_dir = new_run_dir(opts.out)
     (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out_dir / 'results.json'}")
 

@@ -46,6 +46,7 @@ from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.bench.results import judge  # noqa: E402
 from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
+from tritonforge.paths import new_run_dir  # noqa: E402
 
 TARGET = re.compile(r"^(ttft:)?(\w+)@(\d+)/(\w+)@(\d+)(>=|<=)([\d.]+)$")
 
@@ -186,8 +187,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "perf/results/vllm-settings")
     opts = parser.parse_args()
     variants = dict((v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in opts.variant)
-    out_dir = opts.out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_dir.mkdir(parents=True)
+    out_dir = new_run_dir(opts.out)
     env = server_environment()
     record: dict = {
         "environment": capture(

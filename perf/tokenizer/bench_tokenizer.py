@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 import timeit
-from datetime import UTC, datetime
 from pathlib import Path
 
 import tritonforge_tokenizer as tt
@@ -35,7 +34,7 @@ from tritonforge.bench.environment import (
     tritonserver_version,
 )
 from tritonforge.launch.launcher import TritonServer
-from tritonforge.paths import CACHE_DIR, REPO_ROOT
+from tritonforge.paths import CACHE_DIR, REPO_ROOT, new_run_dir
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
 PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
@@ -168,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{PERF_ANALYZER} missing: run scripts/setup_bench_venv.sh")
     hf = HfTokenizer.from_file(str(TOKENIZER_FILE))
     ours = tt.Tokenizer.from_file(str(TOKENIZER_FILE))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = args.out / stamp
-    run_dir.mkdir(parents=True)
+    run_dir = new_run_dir(args.out)
+    stamp = run_dir.name
     prompts = {tokens: prompt_of(hf, tokens) for tokens in PROMPT_TOKENS}
     env = capture(TOKENIZER_FILE.parent)
     results: dict = {

@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +40,7 @@ from tritonforge.bench.noise import RoundWatch
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.model_store import models_dir
-from tritonforge.paths import REPO_ROOT
+from tritonforge.paths import REPO_ROOT, new_run_dir
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results"
 
@@ -376,9 +375,8 @@ def run_ceiling(
     code = served_code(allow_mismatch=allow_served_mismatch)
     environment = capture(models_dir() / contract.model, code)
     uncommitted = dirty_files()  # at launch: the stubs import the tree as it is now
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = results_root / contract.name / stamp
-    (run_dir / "logs").mkdir(parents=True)
+    run_dir = new_run_dir(results_root / contract.name)
+    (run_dir / "logs").mkdir()
     with tempfile.TemporaryDirectory(prefix="tritonforge-ceiling-") as scratch:
         repository = assemble_repository(contract.models, Path(scratch) / "repository")
         rows, environment = serve_and_measure(contract, repository, run_dir, environment)

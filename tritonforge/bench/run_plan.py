@@ -8,7 +8,6 @@ and lengths with words of its own (:meth:`RunPlan.round_load`).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from tritonforge.bench.workload import (
     write_trace,
     write_workload,
 )
+from tritonforge.paths import new_run_dir
 
 WARMUP_STREAM = 10_000
 WARMUP_CONCURRENCY = 4
@@ -92,10 +92,8 @@ def prepare(
     """Validate the contract and write every level's workload before any server starts."""
     contract, digest = load_contract(contract_path, list(overrides))
     model_dir = model_dir_for(contract)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = results_root / contract.name / stamp
-    scratch = results_root / contract.name / "scratch" / stamp
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = new_run_dir(results_root / contract.name)
+    scratch = results_root / contract.name / "scratch" / run_dir.name
     console.print(
         f"[bold]{contract.name}[/]: building the workload from {model_dir.name}'s tokenizer"
     )

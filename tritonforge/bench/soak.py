@@ -23,7 +23,6 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from tritonforge.bench.reliability.models import LLM, models_to_load
 from tritonforge.bench.reliability.sigterm import sigterm_under_load
 from tritonforge.bench.reliability.verdict import Scenario
 from tritonforge.launch.launcher import REPO_ROOT, TritonServer
+from tritonforge.paths import new_run_dir
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "reliability"
 ENGINE_KILL = "tests/e2e/test_engine_restart.py"
@@ -96,9 +96,8 @@ def run(
 
     console = Console(stderr=True)
     code = served_code(allow_mismatch=allow_served_mismatch)  # refused before anything starts
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = results_root / stamp
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(results_root)
+    stamp = out.name
     env = capture(ensure_default_model(quiet=True), code)
     load_start = os.getloadavg()
     others = other_tritonservers()

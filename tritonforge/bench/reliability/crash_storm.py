@@ -35,7 +35,6 @@ import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from tritonforge.bench.reliability.models import models_to_load
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.supervisor import exit_cause
 from tritonforge.openai.triton_client import CHANNEL_ARGS
-from tritonforge.paths import MODEL_REPOSITORY, REPO_ROOT
+from tritonforge.paths import MODEL_REPOSITORY, REPO_ROOT, new_run_dir
 
 HTTP_PATTERNS = ("sse_disconnect", "openai_disconnect")
 PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", *HTTP_PATTERNS)
@@ -341,9 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     code = served_code()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.results / stamp
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(args.results)
+    stamp = out.name
     env = capture(ensure_default_model(quiet=True), code)
     extra = ["--log-verbose=1"] if args.verbose_log else []
     server = TritonServer.on_free_ports(
