@@ -131,6 +131,34 @@ class Engine(abc.ABC):
             f"{LORA_FILE}: the {self.metric_prefix} engine does not serve LoRA adapters"
         )
 
+    @property
+    def loads_adapters(self) -> bool:
+        """Whether :meth:`load_adapter` can add adapters to this model while it runs."""
+        return False
+
+    async def load_adapter(self, adapter: LoraAdapter) -> None:
+        """Serve one more adapter from now on, on the running engine (no model reload).
+
+        Called on the runtime's loop while requests run; it must leave them running. An
+        adapter the engine cannot serve is a :class:`RequestError` naming ``lora_path``,
+        and the engine keeps serving what it served. Engines replace :attr:`adapters`
+        with a new mapping rather than changing it: Triton's thread reads it meanwhile.
+        """
+        raise RequestError(
+            "lora_control",
+            f"the {self.metric_prefix} engine does not load LoRA adapters at run time",
+        )
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (listed in :attr:`adapters`) to new requests.
+
+        Requests already running with it finish with it.
+        """
+        raise RequestError(
+            "lora_control",
+            f"the {self.metric_prefix} engine does not unload LoRA adapters at run time",
+        )
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load weights and get ready to serve; raise with a clear message on failure."""
@@ -247,6 +275,11 @@ class Engine(abc.ABC):
             "lora_name",
             f"unknown LoRA adapter {name!r}; available: {', '.join(sorted(self.adapters))}",
         )
+
+
+def adapter_unloaded(name: str) -> RequestError:
+    """A request checked against an adapter that was unloaded before it reached the engine."""
+    return RequestError("lora_name", f"LoRA adapter {name!r} was unloaded; send the request again")
 
 
 class HFTokenizedEngine(Engine):

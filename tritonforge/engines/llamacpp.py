@@ -23,6 +23,14 @@ tokens' KV cells are freed at once and its prompt's cells stay as that slot's pr
 cache (see :mod:`.llamacpp_slots` for slot
 choice, prefix reuse by whole blocks and why, and how LoRA adapters take turns).
 
+LoRA adapters are GGUF files loaded beside the model (``llama_adapter_lora_init``), at
+start from ``multi_lora.json`` and at run time by :meth:`LlamaCppEngine.load_adapter`,
+whose load runs on the worker thread between two steps (the worker owns every
+llama.cpp call). Slots and the context know an adapter by its name and id, so weights
+loaded again under a name never reuse a prompt cache computed with the old ones. An
+unloaded adapter's weights stay in memory until the model unloads: a request already
+waiting may still run with them, and llama.cpp frees every adapter with its model.
+
 Requests beyond the slots wait in priority order (``priority``, lower first), first come
 first served within a priority. The wait is bounded by the
 runtime's ``max_inflight`` (slots plus queue, in config.pbtxt): past it a request gets
@@ -64,6 +72,7 @@ from tritonforge.engines.base import (
     PreparedPrompt,
     RequestTracker,
     TokenLogprob,
+    adapter_unloaded,
     stop_on_thread,
 )
 from tritonforge.engines.gbnf import checked_grammar
@@ -134,6 +143,22 @@ class _JobState(Enum):
     DROPPED = "dropped"  # aborted before it got a slot: it never runs
 
 
+@dataclass(frozen=True)
+class _Adapter:
+    """A loaded llama.cpp adapter and the key slots and the context know it by."""
+
+    pointer: Any  # llama_adapter_lora pointer
+    key: str  # name and id: unique for the model's life, unlike a name loaded twice
+
+
+@dataclass
+class _Call:
+    """Work for the worker thread between two steps, and where its result goes."""
+
+    run: Callable[[], Any]
+    done: Callable[[Any], object]  # the result, or the exception it raised
+
+
 @dataclass
 class _Job:
     request_id: str
@@ -141,7 +166,7 @@ class _Job:
     sampling: SamplingParams
     grammar: str | None  # GBNF, already checked against the vocabulary
     deliver: Callable[[EngineOutput | BaseException], object]
-    lora: Any = None  # the llama.cpp adapter to run with (None: the base model)
+    lora: _Adapter | None = None  # the adapter to run with (None: the base model)
     cancel: threading.Event = field(default_factory=threading.Event)
     state: _JobState = _JobState.QUEUED
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -278,19 +303,19 @@ class LlamaCppEngine(Engine):
         self._ctx: _Context | None = None
         self._formatter: Jinja2ChatFormatter | None = None
         self._vocab = _Vocabulary([], [], np.zeros(0, dtype=bool))
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
         self._waiting: deque[_Job] = deque()  # the worker's, by priority then arrival
         self._running: list[_Sequence] = []  # the worker's, in admission order
         self._slots = [Slot(seq_id) for seq_id in range(self._n_parallel)]
         self._tick = 0
-        self._on_context: str | None = None  # the adapter set on the context
+        self._on_context: str | None = None  # the key of the adapter set on the context
         self._worker: threading.Thread | None = None
         self._stopping = False
         self._jobs: RequestTracker[_Job] = RequestTracker(release=self._drop)
         self._queued = 0
         self._counts = threading.Lock()
         self._lora_files: dict[str, Path] = {}
-        self._loras: dict[str, Any] = {}  # name -> llama_adapter_lora pointer, after start
+        self._loras: dict[str, _Adapter] = {}  # by name, after start (replaced, not changed)
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LlamaCppEngine:
@@ -345,7 +370,7 @@ class LlamaCppEngine(Engine):
             pointer = llama_cpp.llama_adapter_lora_init(llama._model.model, str(path).encode())
             if not pointer:
                 raise RuntimeError(f"{LORA_FILE}: llama.cpp could not load adapter {name!r}")
-            self._loras[name] = pointer
+            self._loras[name] = _Adapter(pointer, f"{name}#{self.adapters[name].int_id}")
         self._vocab = _Vocabulary.read(llama)
         template = llama.metadata.get("tokenizer.chat_template")
         if template:
@@ -371,6 +396,53 @@ class LlamaCppEngine(Engine):
         if self._llama is not None:
             llama, self._llama = self._llama, None
             llama.close()
+
+    @property
+    def loads_adapters(self) -> bool:
+        return True
+
+    async def load_adapter(self, adapter: LoraAdapter) -> None:
+        """Load the adapter's GGUF beside the model, on the worker thread between steps."""
+        path = adapter.path / GGUF_ADAPTER_FILE
+        if not path.is_file():
+            raise RequestError(
+                "lora_path",
+                f"llama.cpp needs {path} (a GGUF LoRA; tritonforge.launch.lora_store.write_gguf "
+                "converts a PEFT adapter)",
+            )
+        model = self._llama._model.model
+        pointer = await self._on_worker(
+            lambda: llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        )
+        if not pointer:
+            raise RequestError(
+                "lora_path",
+                f"llama.cpp could not load {path} (not a LoRA for this model; see the server log)",
+            )
+        loaded = _Adapter(pointer, f"{adapter.name}#{adapter.int_id}")
+        self._loras = {**self._loras, adapter.name: loaded}
+        self.adapters = {**self.adapters, adapter.name: adapter}
+
+    async def unload_adapter(self, name: str) -> None:
+        # Its weights stay loaded (module docstring): queued jobs may still hold them.
+        self.adapters = {k: v for k, v in self.adapters.items() if k != name}
+        self._loras = {k: v for k, v in self._loras.items() if k != name}
+
+    async def _on_worker(self, run: Callable[[], Any]) -> Any:
+        """``run()``'s result, called on the worker thread between two steps."""
+        if self._worker is None or not self._worker.is_alive() or self._stopping:
+            raise RuntimeError("the llama.cpp worker is not running")
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any) -> None:
+            if isinstance(value, BaseException):
+                result.set_exception(value)
+            else:
+                result.set_result(value)
+
+        self._inbox.put(_Call(run, lambda value: loop.call_soon_threadsafe(settle, value)))
+        return await result
 
     def failure(self) -> str | None:
         # One worker thread runs every sequence; a job's own error never ends it, so
@@ -422,13 +494,16 @@ class LlamaCppEngine(Engine):
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         spec = sampling.structured_outputs
+        lora = None if sampling.lora_name is None else self._loras.get(sampling.lora_name)
+        if sampling.lora_name is not None and lora is None:
+            raise adapter_unloaded(sampling.lora_name)
         job = _Job(
             request_id,
             list(prompt.token_ids),
             sampling,
             None if spec is None else checked_grammar(spec, self._llama._model.vocab),
             lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
-            None if sampling.lora_name is None else self._loras[sampling.lora_name],
+            lora,
         )
         with self._counts:
             self._queued += 1
@@ -491,11 +566,21 @@ class LlamaCppEngine(Engine):
             while True:
                 if item is None:
                     stop = True
+                elif isinstance(item, _Call):
+                    self._call(item)
                 else:
                     self._enqueue(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return stop
+
+    @staticmethod
+    def _call(call: _Call) -> None:
+        try:
+            value = call.run()
+        except Exception as exc:
+            value = exc
+        call.done(value)
 
     def _enqueue(self, job: _Job) -> None:
         """Into the waiting line behind every job of its priority or a more urgent one."""
@@ -518,7 +603,7 @@ class LlamaCppEngine(Engine):
             if job.state is _JobState.DROPPED:
                 self._waiting.popleft()
                 continue
-            adapter = job.sampling.lora_name
+            adapter = None if job.lora is None else job.lora.key
             if not may_join(adapter, self._on_context, len(self._running)):
                 return
             choice = choose_slot(self._slots, job.prompt, adapter)
@@ -536,9 +621,9 @@ class LlamaCppEngine(Engine):
 
     def _start(self, job: _Job, slot: Slot, reuse: int) -> None:
         assert self._ctx is not None
-        adapter = job.sampling.lora_name
-        if self._loras and adapter != self._on_context:
-            self._ctx.use_adapter(job.lora)
+        adapter = None if job.lora is None else job.lora.key
+        if adapter != self._on_context:
+            self._ctx.use_adapter(None if job.lora is None else job.lora.pointer)
         self._on_context = adapter
         self._ctx.forget(slot.seq_id, reuse)  # the cached tail this prompt does not share
         params = job.sampling

@@ -20,6 +20,13 @@ three requests base/alpha/beta in one batch, the base one gave beta's text). So 
 base requests run with a zero adapter (``lora_B`` all zero: the base model's output
 exactly) made at start, never -1; ``max_loras`` grows by one so the real adapters keep
 their slots. Workaround L1, see docs/triton-2.51-workarounds.md.
+
+Adapters loaded at run time go to the running engine with ``AsyncLLM.add_lora`` (which
+loads and checks the weights at once) and are dropped with ``remove_lora``; requests
+hold their ``LoRARequest``, so one already running with an unloaded adapter finishes
+with it (vLLM loads an adapter a running request names again if it left the cache).
+A model that starts without adapters reserves the zero adapter's slot anyway, and makes
+the zero adapter from the first adapter loaded.
 """
 
 from __future__ import annotations
@@ -53,10 +60,12 @@ from tritonforge.engines.base import (
     PositionLogprobs,
     PreparedPrompt,
     TokenLogprob,
+    adapter_unloaded,
     stop_on_thread,
 )
 from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
+from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
 
 # Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler
@@ -121,6 +130,10 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     )
 
 
+#: The zero adapter's id (workaround L1): above any id an adapter of the model gets.
+BASE_LORA_ID = 2**31 - 1
+
+
 def _position_logprobs(candidates: dict[int, Any]) -> PositionLogprobs:
     return {
         token: TokenLogprob(logprob=c.logprob, rank=c.rank, decoded_token=c.decoded_token)
@@ -155,6 +168,7 @@ class VllmEngine(HFTokenizedEngine):
         self._lora_requests: dict[str, LoRARequest] = {}
         #: What base-model requests run with while adapters are served (None: no adapter).
         self._base_lora: LoRARequest | None = None
+        self._base_slot_reserved = False
         self._scratch: Path | None = None
         #: Why each host-dependent setting is what it is (logged once vLLM's logging is set up).
         self._settings_log: tuple[str, ...] = ()
@@ -195,15 +209,66 @@ class VllmEngine(HFTokenizedEngine):
                 )
         self.adapters = {adapter.name: adapter for adapter in adapters}
         self._lora_requests = {a.name: LoRARequest(a.name, a.int_id, str(a.path)) for a in adapters}
-        if current_platform.is_cpu():  # workaround L1 (module docstring)
-            self._scratch = Path(tempfile.mkdtemp(prefix="tritonforge-base-lora-"))
-            zero = _zero_adapter(adapters[0].path, self._scratch / "base")
-            self._base_lora = LoRARequest("tritonforge-base", len(adapters) + 1, str(zero))
-            self._args.max_loras += 1
-            if self._args.max_cpu_loras is not None:
-                self._args.max_cpu_loras += 1
+        self._reserve_base_slot()
+        self._make_base_lora(adapters[0].path)
+
+    def _reserve_base_slot(self) -> None:
+        """One more adapter slot for the zero adapter (workaround L1), once, before start."""
+        if self._base_slot_reserved or not self._args.enable_lora or not current_platform.is_cpu():
+            return
+        self._base_slot_reserved = True
+        self._args.max_loras += 1
+        if self._args.max_cpu_loras is not None:
+            self._args.max_cpu_loras += 1
+
+    def _make_base_lora(self, like: Path) -> None:
+        """The zero adapter base requests run with on CPU (workaround L1), made once."""
+        if self._base_lora is not None or not self._base_slot_reserved:
+            return
+        self._scratch = Path(tempfile.mkdtemp(prefix="tritonforge-base-lora-"))
+        zero = _zero_adapter(like, self._scratch / "base")
+        self._base_lora = LoRARequest("tritonforge-base", BASE_LORA_ID, str(zero))
+
+    @property
+    def loads_adapters(self) -> bool:
+        return bool(self._args.enable_lora)
+
+    async def load_adapter(self, adapter: LoraAdapter) -> None:
+        """``add_lora`` on the running engine: it reads and checks the weights now."""
+        assert self._engine is not None, "engine not started"
+        if not self._args.enable_lora:
+            raise RequestError(
+                "lora_control",
+                'this model cannot load LoRA adapters: model.json does not set "enable_lora": true',
+            )
+        limit = self._args.max_lora_rank
+        if adapter.rank > limit:
+            raise RequestError(
+                "lora_path",
+                f"adapter {adapter.name!r} has rank {adapter.rank}, above max_lora_rank "
+                f"{limit} in model.json",
+            )
+        request = LoRARequest(adapter.name, adapter.int_id, str(adapter.path))
+        try:
+            await self._engine.add_lora(request)
+            # Before the adapter is served: base requests must never meet it without one.
+            self._make_base_lora(adapter.path)
+        except Exception as exc:
+            raise RequestError(
+                "lora_path", f"vLLM could not load the adapter at {adapter.path}: {exc}"
+            ) from None
+        self._lora_requests = {**self._lora_requests, adapter.name: request}
+        self.adapters = {**self.adapters, adapter.name: adapter}
+
+    async def unload_adapter(self, name: str) -> None:
+        request = self._lora_requests[name]
+        self.adapters = {k: v for k, v in self.adapters.items() if k != name}
+        self._lora_requests = {k: v for k, v in self._lora_requests.items() if k != name}
+        if self._engine is not None:
+            await self._engine.remove_lora(request.lora_int_id)
 
     async def start(self) -> None:
+        self._reserve_base_slot()
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
         for line in self._settings_log:  # vLLM configures its loggers while building the engine
             _log.info(line)
@@ -224,11 +289,11 @@ class VllmEngine(HFTokenizedEngine):
         engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
         if prompt.text is not None:
             engine_prompt["prompt"] = prompt.text
-        lora = (
-            self._base_lora
-            if sampling.lora_name is None
-            else self._lora_requests[sampling.lora_name]
-        )
+        lora = self._base_lora
+        if sampling.lora_name is not None:
+            lora = self._lora_requests.get(sampling.lora_name)
+            if lora is None:
+                raise adapter_unloaded(sampling.lora_name)
         async for result in self._engine.generate(
             engine_prompt,
             to_vllm_sampling(sampling),
@@ -262,6 +327,6 @@ class VllmEngine(HFTokenizedEngine):
 
     def stats(self) -> EngineStats:
         # The zero adapter of workaround L1 holds a slot of its own: not one for requests.
-        reserved = 1 if self._base_lora is not None else 0
+        reserved = 1 if self._base_slot_reserved else 0
         max_lora = self._args.max_loras - reserved if self._args.enable_lora else 0
         return dataclasses.replace(_SchedulerSnapshot.latest, max_lora=max_lora)

@@ -239,14 +239,14 @@ def test_vllm_on_cpu_runs_base_requests_with_a_zero_adapter(tmp_path: Path) -> N
     """Workaround L1: the base model's requests get an adapter whose B is zero."""
     from safetensors.numpy import load_file
 
-    from tritonforge.engines.vllm import VllmEngine
+    from tritonforge.engines.vllm import BASE_LORA_ID, VllmEngine
 
     peft_adapter(tmp_path, "alpha", rank=4)
     (tmp_path / "multi_lora.json").write_text('{"alpha": "alpha"}')
     settings = {"model": "/m", "enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
     engine = VllmEngine.from_config(settings, tmp_path)
     base = engine._base_lora
-    assert base is not None and base.lora_int_id == 2  # after the listed adapters
+    assert base is not None and base.lora_int_id == BASE_LORA_ID  # no adapter ever gets it
     assert engine._args.max_loras == 2  # one slot more: the real adapters keep theirs
     original = load_file(tmp_path / "alpha" / "adapter_model.safetensors")
     zero = load_file(Path(base.lora_path) / "adapter_model.safetensors")
