@@ -26,6 +26,7 @@ server can unload the model and exit within its exit timeout.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -33,9 +34,9 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy.typing as npt
 
@@ -46,6 +47,8 @@ from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
 from tritonforge.serving.schema import GenerateRequest
 from tritonforge.triton.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
+
+T = TypeVar("T")
 
 #: Rounds one send job of a request runs before it yields to other requests' jobs.
 SENDS_PER_JOB = 8
@@ -289,6 +292,14 @@ class Runtime:
             self._inflight[request_id] = entry
         self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
+    def run_on_loop(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``work`` on the engine's loop (from any thread), beside the requests.
+
+        For work that is not a request but must reach the running engine where its
+        requests run (loading a LoRA adapter): the caller is answered from the future.
+        """
+        return asyncio.run_coroutine_threadsafe(work, self._loop)
+
     def _begin(
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
@@ -343,7 +354,7 @@ class Runtime:
                 if batch.poll:
                     self._check_cancelled(entry)
                 if batch.output is not None:
-                    entry.channel.send(self._tensors(entry, batch.output), None, False)
+                    self._send_output(entry, batch.output, batch.final)
                 if batch.final is not None:
                     self._end(entry, batch.final)
                 if not (more := outbox.release()):
@@ -351,6 +362,22 @@ class Runtime:
         finally:
             if more and outbox.release():
                 self._post(functools.partial(self._flush, entry))
+
+    def _send_output(self, entry: _Inflight, output: EngineOutput, final: Final | None) -> None:
+        """Send one non-final response; if the sender refuses it, the request still ends.
+
+        An error FINAL (cancelled, past its deadline, the server stopping) can share its
+        job with the output that was waiting before it. Were the FINAL skipped when
+        that output is refused, its caller would wait for it for good: a client's stream
+        never ends, and an ensemble counts the request in flight until the server's exit
+        timeout. So the FINAL goes first, then the error is raised for the job loop's log.
+        """
+        try:
+            entry.channel.send(self._tensors(entry, output), None, False)
+        except Exception:
+            if final is not None:
+                self._end(entry, final)
+            raise
 
     def _end(self, entry: _Inflight, final: Final) -> None:
         """Count the request, then send its FINAL response (even if counting fails)."""

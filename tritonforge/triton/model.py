@@ -4,7 +4,9 @@ This is the only module that touches ``triton_python_backend_utils``. It turns T
 requests into input arrays for :func:`parse_request`, hands parsed requests to the
 :class:`Runtime`, and turns the runtime's outputs and errors into Triton responses.
 Clients speaking another request dialect (:mod:`tritonforge.serving.dialects`) have their
-tensors mapped onto the common schema here, before parsing. A backend's ``model.py``
+tensors mapped onto the common schema here, before parsing. A request carrying
+``lora_control`` loads or unloads a LoRA adapter instead of generating
+(:mod:`tritonforge.serving.lora_control`). A backend's ``model.py``
 is two lines: ``make_model(SomeEngine)`` (plus its dialect, if it has one).
 """
 
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import triton_python_backend_utils as pb_utils
 
@@ -26,6 +29,7 @@ from tritonforge.serving.admission import model_defaults
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.dialects import COMMON, Dialect
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.serving.lora_control import AdapterControl, ControlRequest, parse_control
 from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
@@ -195,6 +199,29 @@ class LLMModel:
             admission=admission,
         )
         self.runtime.start()
+        self.adapter_control = AdapterControl(engine, version_dir)
+
+    def _control(self, request: ControlRequest, channel: TritonChannel) -> None:
+        """Run a LoRA control request on the engine's loop; answer it when it is done.
+
+        ``execute`` returns at once: a load reads weights, and the model's other
+        requests must not wait behind it.
+        """
+
+        def answer(done: Any) -> None:
+            error = done.exception()
+            if error is not None:
+                channel.send(None, error, True)
+                return
+            result = done.result()
+            pb_utils.Logger.log_info(
+                f"[tritonforge] {self.model_name}: lora_control {request.action} "
+                f"{request.name or ''}: now serving {len(result['adapters'])} adapter(s)"
+            )
+            text = np.array([json.dumps(result).encode("utf-8")], dtype=np.object_)
+            channel.send({"text_output": text}, None, True)
+
+        self.runtime.run_on_loop(self.adapter_control.run(request)).add_done_callback(answer)
 
     def _engine_failed(self, cause: str) -> None:
         """The engine died (a response thread): leave service now, come back in finalize.
@@ -247,6 +274,10 @@ class LLMModel:
             channel = TritonChannel(request.get_response_sender(), request.request_id())
             try:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                control = parse_control(raw)
+                if control is not None:
+                    self._control(control, channel)
+                    continue
                 inputs, dialect_sampling = self.dialect.translate(raw)
                 parsed = parse_request(
                     inputs, _request_parameters(request), dialect_sampling, self.defaults

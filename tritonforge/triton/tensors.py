@@ -29,6 +29,9 @@ LLM_INPUTS: tuple[dict[str, Any], ...] = (
     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     # The LoRA adapter to answer with (upstream vllm_backend's name; see tritonforge.engines.lora).
     {"name": "lora_name", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    # Load, unload or list adapters at run time (see tritonforge.serving.lora_control).
+    {"name": "lora_control", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "lora_path", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
     *({"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in BOOL_INPUTS),
 )
 LLM_OUTPUTS: tuple[dict[str, Any], ...] = (
