@@ -36,6 +36,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tritonforge.openai import embeddings, tools, translate
+from tritonforge.openai.adapters import (
+    AdapterCatalogue,
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 from tritonforge.openai.chunks import TextChunks
 from tritonforge.openai.errors import (
     TRITON_DOWN_RETRY_AFTER_S,
@@ -199,6 +204,21 @@ class OpenAIServer:
     def __init__(self, gateway: TritonGateway, default_max_tokens: int | None) -> None:
         self.gateway = gateway
         self.default_max_tokens = default_max_tokens
+        self.adapters = AdapterCatalogue(gateway)
+
+    async def route(self, requested: str) -> tuple[str, str | None]:
+        """The Triton model a body's ``model`` names, and the LoRA adapter if it names one.
+
+        A model is looked up first (cached: no round trip); only a name no model has is
+        looked for among the adapters (adapters.py).
+        """
+        try:
+            await self.gateway.spec(requested)
+            return requested, None
+        except OpenAIError as error:
+            if error.status != 404 or (found := await self.adapters.resolve(requested)) is None:
+                raise
+            return found
 
     async def open(self, model: str, request: TritonRequest) -> tuple[TritonStream, ModelOutput]:
         """Start the Triton request and wait for its first response.
@@ -223,7 +243,7 @@ class OpenAIServer:
         self, kind: str, body: ChatCompletionRequest | CompletionRequest, request: TritonRequest
     ) -> ChatCompletion | Completion:
         """A non-streamed answer: every response of the model merged into one object."""
-        stream, output = await self.open(body.model, request)
+        stream, output = await self.open(request.triton_model or body.model, request)
         ids = ResponseIds(body.model, "chatcmpl" if kind == "chat" else "cmpl")
         whole, reason, usage = await _collect(stream, output)
         top = request.top_logprobs
@@ -335,11 +355,17 @@ class OpenAIServer:
         body: ChatCompletionRequest | CompletionRequest
         if kind == "chat":
             body = await _parse(http, ChatCompletionRequest)
-            spec = await self.gateway.spec(body.model)
-            request = translate.chat_request(body, spec, self.default_max_tokens)
         else:
             body = await _parse(http, CompletionRequest)
-            request = translate.completion_request(body, await self.gateway.spec(body.model))
+        model, adapter = await self.route(body.model)
+        spec = await self.gateway.spec(model)
+        if isinstance(body, ChatCompletionRequest):
+            request = translate.chat_request(body, spec, self.default_max_tokens)
+        else:
+            request = translate.completion_request(body, spec)
+        if adapter is not None:  # the model's lora_name: its adapter answers
+            request.triton_model = model
+            request.sampling["lora_name"] = adapter
         translate.apply_slo_headers(request, http.headers)
         return body, request
 
@@ -364,7 +390,8 @@ class OpenAIServer:
             if not body.stream:
                 answer = await until_disconnected(http.receive, self.complete(kind, body, request))
                 return _json(answer)
-            stream, first = await until_disconnected(http.receive, self.open(body.model, request))
+            opening = self.open(request.triton_model or body.model, request)
+            stream, first = await until_disconnected(http.receive, opening)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the request was cancelled
         events: AsyncIterator[bytes]
@@ -421,7 +448,19 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> Response:
         names = await gateway.served_models()
-        return _json(translate.model_list(names, int(time.time())))
+        listing = translate.model_list(names, int(time.time()))
+        listing.data += await server.adapters.cards(int(time.time()))
+        return _json(listing)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await _parse(request, LoadLoRAAdapterRequest)
+        return Response(await server.adapters.load(body), status_code=200)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = await _parse(request, UnloadLoRAAdapterRequest)
+        return Response(await server.adapters.unload(body), status_code=200)
 
     @app.post("/v1/embeddings")
     async def create_embeddings(request: Request) -> Response:

@@ -130,6 +130,8 @@ class TritonRequest:
     default_max_tokens: bool = False
     #: What the request's ``tools`` ask of the answer (None: no tools).
     tools: tools.ToolPlan | None = None
+    #: The Triton model to send it to when the body's ``model`` names a LoRA adapter.
+    triton_model: str | None = None
 
     def fit_max_tokens(self, message: str) -> bool:
         """Lower a defaulted max_tokens to what the model says fits; False if it cannot."""

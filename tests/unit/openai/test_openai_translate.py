@@ -335,7 +335,7 @@ class FakeGateway:
         self.sent: list[TritonRequest] = []
         self.streams: list[FakeStream] = []
 
-    async def spec(self, model: str) -> ModelSpec:
+    async def spec(self, model: str, kind: str = "llm") -> ModelSpec:
         if model != "llm":
             raise model_not_found(model)
         return LLM

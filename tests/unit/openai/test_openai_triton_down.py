@@ -30,6 +30,8 @@ def down() -> TestClient:
         ("post", "/v1/chat/completions", CHAT | {"stream": True}),
         ("post", "/v1/completions", {"model": "llm", "prompt": "x"}),
         ("get", "/v1/models", None),
+        ("post", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"}),
+        ("post", "/v1/unload_lora_adapter", {"lora_name": "a"}),
         ("get", "/health", None),
     ],
 )
