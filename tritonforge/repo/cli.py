@@ -80,8 +80,9 @@ def _add_subcommand(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="vllm only: a PEFT adapter, written to 1/multi_lora.json (upstream "
-        "vllm_backend's format) with enable_lora; requests pick it with lora_name",
+        help="vllm or llamacpp: a PEFT adapter directory, written to 1/multi_lora.json "
+        "(upstream vllm_backend's format; vllm also gets enable_lora, llamacpp reads the "
+        "adapter.gguf inside it); requests pick it with lora_name",
     )
     adding.add_argument(
         "--tokenizer-ensemble",

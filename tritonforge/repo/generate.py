@@ -30,6 +30,10 @@ from tritonforge.repo.checks import (
 from tritonforge.repo.engines import ENGINES, EngineSpec, known_args
 from tritonforge.repo.paths import portable, resolve
 
+#: Engines ``--lora`` writes adapters for: vLLM reads the PEFT directory, llama.cpp the
+#: ``adapter.gguf`` inside it (the check that follows ``add`` says when it is missing).
+LORA_ADD_ENGINES = ("vllm", "llamacpp")
+
 
 class AddError(ValueError):
     """``add`` refused: the message says what to change (nothing was written)."""
@@ -93,8 +97,11 @@ def _validate(request: AddRequest) -> None:
         raise AddError(f"--instances must be >= 1, got {request.instances}")
     if request.max_inflight is not None and request.max_inflight < 1:
         raise AddError(f"--max-inflight must be >= 1, got {request.max_inflight}")
-    if request.loras and request.engine != "vllm":
-        raise AddError("--lora: LoRA adapters are configured for --engine vllm only")
+    if request.loras and request.engine not in LORA_ADD_ENGINES:
+        raise AddError(
+            f"--lora: LoRA adapters are configured for --engine {' or '.join(LORA_ADD_ENGINES)} "
+            "only"
+        )
     spec = request.spec
     if spec.model_key in request.engine_args:
         raise AddError(f"--engine-arg {spec.model_key}: give the model with --model")
@@ -149,8 +156,9 @@ def render(request: AddRequest, env: Mapping[str, str]) -> dict[str, dict[str, s
     settings |= request.engine_args
     files: dict[str, str] = {}
     if request.loras:
-        settings["enable_lora"] = True
-        settings.setdefault("max_loras", len(request.loras))
+        if request.engine == "vllm":  # llama.cpp loads adapters without settings
+            settings["enable_lora"] = True
+            settings.setdefault("max_loras", len(request.loras))
         adapters = {name: portable(path, env) for name, path in request.loras.items()}
         files[f"1/{LORA_FILE}"] = json.dumps(adapters, indent=2) + "\n"
     if spec.config_file.endswith(".yaml"):

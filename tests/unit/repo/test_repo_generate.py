@@ -215,15 +215,36 @@ def test_lora_adapters_go_to_multi_lora_json_and_enable_lora(
     assert reports[0].errors == []
 
 
+def test_llamacpp_lora_adapters_go_to_multi_lora_json_with_their_gguf(
+    tmp_path, models_root, repo_env
+) -> None:
+    """llama.cpp reads the adapter.gguf inside the directory: an adapter without one is
+    refused by the check that follows add, and nothing is written."""
+    gguf = str(models_root / "tiny.gguf")
+    adapter = models_root / "adapters" / "pirate"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    req = request(
+        tmp_path, models_root, engine="llamacpp", model=gguf, loras={"pirate": str(adapter)}
+    )
+    with pytest.raises(AddError, match=r"llama\.cpp needs .*adapter\.gguf"):
+        add(req, repo_env, known)
+    assert not (req.repository / "tiny").exists()
+    (adapter / "adapter.gguf").write_bytes(b"GGUF")
+    reports = add(req, repo_env, known)
+    version = req.repository / "tiny" / "1"
+    assert json.loads((version / "multi_lora.json").read_text()) == {
+        "pirate": "$TRITONFORGE_MODELS/adapters/pirate"
+    }
+    assert "enable_lora" not in json.loads((version / "model.json").read_text())
+    assert reports[0].errors == []
+
+
 def test_lora_is_refused_for_other_engines_and_for_a_missing_adapter(
     tmp_path, models_root, repo_env
 ) -> None:
-    gguf = str(models_root / "tiny.gguf")
-    with pytest.raises(AddError, match="--engine vllm only"):
-        render(
-            request(tmp_path, models_root, engine="llamacpp", model=gguf, loras={"a": "/x"}),
-            repo_env,
-        )
+    with pytest.raises(AddError, match="--engine vllm or llamacpp only"):
+        render(request(tmp_path, models_root, engine="synthetic", loras={"a": "/x"}), repo_env)
     with pytest.raises(AddError, match=r"no adapter_config\.json"):
         add(request(tmp_path, models_root, loras={"a": str(tmp_path)}), repo_env, known)
 
