@@ -10,7 +10,7 @@ SOAK_MODELS ?= vllm_model ensemble_vllm
 CANCELS ?= 5000
 STORM_MODELS ?= vllm_model ensemble_vllm guarded_chat
 
-.PHONY: serve test test-numerics setup bench-venv bench soak crash-storm lint format
+.PHONY: serve test test-numerics setup bench-venv bench soak storm crash-storm lint format
 
 setup:
 	@scripts/bootstrap.sh
@@ -46,6 +46,14 @@ bench: setup bench-venv
 ## perf/results/reliability/<UTC time>/. Example: make soak MINUTES=3 CONCURRENCY=64
 soak: setup
 	$(PY) -m tritonforge.bench soak --minutes $(MINUTES) --concurrency $(CONCURRENCY) --models $(SOAK_MODELS)
+
+## The storm with a forced kill, on a launcher of its own (not part of `make test`): 10
+## minutes at concurrency 128 over vllm_model, ensemble_vllm and the OpenAI API, 20 % of
+## requests cancelled, 5 % malformed, tritonserver SIGKILLed midway; every request must
+## end within its timeout_s, the server serve again by itself (README.md, "Reliability").
+## Writes perf/results/reliability/<UTC time>/. Example: make storm ARGS="--minutes 3"
+storm: setup
+	$(PY) -m tritonforge.bench storm $(ARGS)
 
 ## tritonserver crashes per 1,000 cancelled requests, by when the cancel comes (README.md,
 ## "Reliability"), on a server of its own; not part of `make test`. Writes

@@ -1,6 +1,8 @@
 """Command line: ``python -m tritonforge.bench run --contract perf/contracts/smoke.yaml``.
 
-``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``);
+``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``),
+``python -m tritonforge.bench storm`` the storm with a forced kill of tritonserver
+(``make storm``, ``tritonforge.bench.reliability.kill_storm``);
 ``python -m tritonforge.bench ceiling --contract perf/contracts/serving-ceiling.yaml`` the
 serving-ceiling contract (``tritonforge.bench.ceiling``).
 """
@@ -76,6 +78,17 @@ def _soak(args: argparse.Namespace) -> int:
     from tritonforge.bench import soak
 
     return soak.main(args)
+
+
+def _storm(args: argparse.Namespace) -> int:
+    import shlex
+
+    from tritonforge.bench.reliability import kill_storm
+
+    def command() -> str:
+        return shlex.join(["python", "-m", "tritonforge.bench", *sys.argv[1:]])
+
+    return kill_storm.main(args, command)
 
 
 def _ceiling(args: argparse.Namespace) -> int:
@@ -187,10 +200,29 @@ def _add_soak(sub: argparse._SubParsersAction) -> None:
     soak.set_defaults(func=_soak)
 
 
+def _add_storm(sub: argparse._SubParsersAction) -> None:
+    storm = sub.add_parser(
+        "storm",
+        help="minutes of every request path with cancels and malformed requests, "
+        "tritonserver SIGKILLed midway under the launcher (defaults: the committed run's)",
+    )
+    storm.add_argument("--minutes", type=float, help="default 10")
+    storm.add_argument("--concurrency", type=int, help="default 128")
+    storm.add_argument("--models", nargs="+", help="default vllm_model ensemble_vllm")
+    storm.add_argument("--cancel-share", type=float, help="default 0.2")
+    storm.add_argument("--malformed-share", type=float, help="default 0.05")
+    storm.add_argument("--timeout-s", type=float, help="each request's deadline, default 600")
+    storm.add_argument("--seed", type=int, help="default 0")
+    storm.add_argument("--results", help="results root (default perf/results/reliability)")
+    _served_mismatch_arg(storm)
+    storm.set_defaults(func=_storm)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_validate, _add_plan, _add_report, _add_soak, _add_ceiling):
+    adders = (_add_run, _add_validate, _add_plan, _add_report, _add_soak, _add_storm, _add_ceiling)
+    for add in adders:
         add(sub)
     return parser
 

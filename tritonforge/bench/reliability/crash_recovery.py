@@ -52,6 +52,8 @@ class Launcher:
     models: list[str] | None
     log: Path
     ports: list[int] = field(default_factory=lambda: free_ports(5))
+    #: Where the launcher's stdout goes too (tritonserver's own log shares it).
+    stdout_log: Path | None = None
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     _lines: queue.Queue = field(default_factory=queue.Queue)
@@ -93,9 +95,18 @@ class Launcher:
         threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True).start()
 
     def _pump(self, stdout: IO[str]) -> None:
-        """The launcher's stdout, line by line, into the queue ``wait_ready`` reads."""
-        for line in stdout:
-            self._lines.put(line)
+        """The launcher's stdout, line by line, into the queue ``wait_ready`` reads (and
+        ``stdout_log``, if set)."""
+        copy = self.stdout_log.open("a") if self.stdout_log is not None else None
+        try:
+            for line in stdout:
+                self._lines.put(line)
+                if copy is not None:
+                    copy.write(line)
+                    copy.flush()
+        finally:
+            if copy is not None:
+                copy.close()
 
     def wait_ready(self, timeout_s: float = 900.0) -> str:
         """The launcher's ready line (the server's own output shares its stdout: skipped);

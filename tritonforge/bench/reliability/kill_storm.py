@@ -1,0 +1,551 @@
+"""The storm with a forced kill: ten minutes of everything at once, tritonserver SIGKILLed midway.
+
+``python -m tritonforge.bench storm`` (``make storm``) starts ``make serve``'s launcher on
+free ports with ``vllm_model`` and ``ensemble_vllm`` (and the ensemble's steps), and for
+``minutes`` keeps ``concurrency`` clients sending requests back to back over every path
+— Triton gRPC (streamed and not), HTTP ``/generate`` and ``/generate_stream``, and the
+OpenAI API (streamed and not) — each with ``timeout_s`` (600 s) set, a share cancelled by
+the client at a random moment and a share malformed (:mod:`.storm_requests`). Midway,
+tritonserver is SIGKILLed (what a segfault does) under the launcher's supervisor, and
+the time until each path serves a real request again is measured while the storm goes on.
+
+What must hold: every request ends — answered or errored, or cancelled by its client —
+within its deadline (none hung, none lost); the server serves again with no operator
+action, within the cold start of the same models + 30 s; the launcher and the OpenAI
+frontend are the same processes throughout and their RSS is flat; nothing is left
+running after the launcher's stop. The foreign CPU share (:mod:`tritonforge.bench.noise`)
+says how much of the shared machine other work took meanwhile.
+
+The run writes ``perf/results/reliability/<UTC time>/storm.json`` and ``README.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import psutil
+
+from tritonforge.bench import noise
+from tritonforge.bench.reliability.clients import Clients
+from tritonforge.bench.reliability.crash_recovery import (
+    MARGIN_S,
+    Launcher,
+    _restarts,
+    time_to_serve,
+)
+from tritonforge.bench.reliability.models import ENSEMBLE, LLM
+from tritonforge.bench.reliability.probes import command_line, shutdown_log, tree_rss
+from tritonforge.bench.reliability.storm_requests import Ended, draw, one_request
+from tritonforge.openai.triton_client import CHANNEL_ARGS
+from tritonforge.paths import REPO_ROOT
+
+
+@dataclass(frozen=True)
+class StormSettings:
+    """One storm's shape (every default is the committed run's)."""
+
+    minutes: float = 10.0
+    concurrency: int = 128
+    models: tuple[str, ...] = (LLM, ENSEMBLE)
+    cancel_share: float = 0.2
+    cancel_within_s: float = 15.0  # a cancel comes 0 … this long after the request left
+    malformed_share: float = 0.05
+    timeout_s: float = 600.0
+    kill_at_fraction: float = 0.5
+    warmup_s: float = 60.0  # the RSS baseline is taken after this
+    rss_limit_pct: float = 5.0
+    seed: int = 0
+
+
+@dataclass
+class StormState:
+    """What the storm's tasks share while it runs."""
+
+    launcher: Launcher
+    settings: StormSettings
+    started: float = field(default_factory=time.monotonic)
+    records: list[Ended] = field(default_factory=list)
+    sent: int = 0
+    rss: list[dict[str, Any]] = field(default_factory=list)
+    kill: dict[str, Any] = field(default_factory=dict)
+
+    def at(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+
+def _rss(proc: psutil.Process | None) -> int | None:
+    with contextlib.suppress(psutil.Error, AttributeError):
+        return proc.memory_info().rss  # type: ignore[union-attr]
+    return None
+
+
+def _triton_group(launcher: Launcher) -> list[psutil.Process]:
+    """The running tritonserver and its descendants ([] while it is down)."""
+    with contextlib.suppress(ValueError, psutil.Error):
+        server = launcher.triton()
+        return [server, *server.children(recursive=True)]
+    return []
+
+
+async def sample_rss(
+    state: StormState, frontend: psutil.Process, interval_s: float = 5.0, report_s: float = 30.0
+) -> None:
+    """Every ``interval_s``: the RSS of the launcher, the frontend and tritonserver's group,
+    and a progress line every ``report_s``; until cancelled."""
+    launcher = psutil.Process(state.launcher.process.pid)  # type: ignore[union-attr]
+    last_report = 0.0
+    while True:
+        group, now = _triton_group(state.launcher), state.at()
+        row: dict[str, Any] = {
+            "t": now,
+            "launcher": _rss(launcher),
+            "frontend": _rss(frontend),
+            "tritonserver_group": tree_rss(group)[0] if group else None,
+        }
+        state.rss.append(row)
+        if now - last_report >= report_s:
+            last_report = now
+            states = Counter(r.state for r in state.records)
+            print(f"storm {now:5.0f} s: {state.sent} sent, {dict(states)}", file=sys.stderr)
+        await asyncio.sleep(interval_s)
+
+
+def open_clients(launcher: Launcher, concurrency: int) -> Clients:
+    """Connections for the storm: gRPC channels that reconnect within 2 s of a restart
+    (the OpenAI frontend's settings), one HTTP pool for Triton's and the OpenAI API."""
+    count = max(1, -(-concurrency // 16))
+    channels = [
+        grpc.aio.insecure_channel(launcher.grpc_url, options=CHANNEL_ARGS) for _ in range(count)
+    ]
+    connector = aiohttp.TCPConnector(limit=concurrency + 8)
+    return Clients(launcher, channels, aiohttp.ClientSession(connector=connector))
+
+
+async def run_workers(state: StormState, clients: Clients, end: float) -> None:
+    """``concurrency`` clients sending back to back until ``end``; a client whose
+    well-formed request errored waits a second before its next (as a client retrying
+    would), so an outage is not a tight loop of refused connections."""
+    s = state.settings
+    serial = iter(range(10**9))
+
+    async def worker(index: int) -> None:
+        rng = random.Random(s.seed * 1_000_003 + index)
+        while time.monotonic() < end:
+            d = draw(rng, s.models, s.cancel_share, s.malformed_share, s.cancel_within_s)
+            state.sent += 1
+            url = state.launcher.openai_url
+            ended = await one_request(clients, url, d, next(serial), s.timeout_s)
+            state.records.append(ended)
+            if ended.state == "errored" and d.malformed is None:
+                await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(worker(i) for i in range(s.concurrency)))
+
+
+async def kill_midway(state: StormState, at_s: float, timeout_s: float) -> None:
+    """At ``at_s`` into the storm, SIGKILL tritonserver; then time each path's return.
+
+    A kill that could not be done (no single tritonserver found) is recorded, not
+    raised: the storm's counts still stand, and the verdict says the kill is missing.
+    """
+    await asyncio.sleep(max(0.0, at_s - (time.monotonic() - state.started)))
+    launcher = state.launcher
+    try:
+        dead = launcher.triton()
+        group = [dead, *dead.children(recursive=True)]
+    except (ValueError, psutil.Error) as error:
+        state.kill = {"error": f"no tritonserver to kill: {error!r}"}
+        return
+    killed = time.monotonic()
+    dead.kill()
+    state.kill = {"killed_at": killed, "killed_at_s": state.at(), "killed_processes": len(group)}
+    recovery = await time_to_serve(launcher, LLM, killed, timeout_s, poll_s=0.5)
+    state.kill |= {
+        "recovery": recovery,
+        "serving_again_at_s": state.at(),
+        "restarts_by_cause": await asyncio.to_thread(_restarts, launcher),
+        "launcher_recovery_s": await asyncio.to_thread(launcher_recovery_s, launcher),
+        "dead_group_left": [
+            f"{p.pid} {command_line(p)}"
+            for p in group
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ],
+    }
+
+
+def launcher_recovery_s(launcher: Launcher) -> float | None:
+    """The launcher's own account: seconds from the death to the restarted server being
+    ready with its models (``tritonforge_tritonserver_last_recovery_seconds``)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(launcher.launcher_metrics_url, timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "tritonforge_tritonserver_last_recovery_seconds":
+            return round(family.samples[0].value, 2) if family.samples else None
+    return None
+
+
+def first_answers(state: StormState) -> dict[str, float | None]:
+    """Seconds from the kill until the first request sent after it was answered, per
+    path: when the storm's own clients were served again (queueing behind the others
+    included, as any client's would be)."""
+    killed = state.kill.get("killed_at")
+    found: dict[str, float | None] = {}
+    for path in ("grpc", "http", "openai"):
+        ends = [
+            r.ended - killed
+            for r in state.records
+            if killed is not None and r.kind.startswith(path) and r.started > killed
+            if r.state == "answered" and r.malformed is None
+        ]
+        found[path] = round(min(ends), 2) if ends else None
+    return found
+
+
+async def storm(state: StormState, frontend: psutil.Process) -> dict[str, Any]:
+    """The storm on a ready launcher: load, the kill midway, then every request's end."""
+    s = state.settings
+    duration = 60 * s.minutes
+    clients = open_clients(state.launcher, s.concurrency)
+    sampler = asyncio.create_task(sample_rss(state, frontend))
+    killer = asyncio.create_task(kill_midway(state, duration * s.kill_at_fraction, 900.0))
+    before = noise.snapshot()
+    load_1m = os.getloadavg()[0]
+    try:
+        await run_workers(state, clients, time.monotonic() + duration)
+        await killer
+    finally:
+        after = noise.snapshot()
+        sampler.cancel()
+        killer.cancel()
+        await asyncio.gather(sampler, killer, return_exceptions=True)
+        await clients.close()
+    return {
+        "wall_s": state.at(),
+        "load_1m_at_start": load_1m,
+        "load_1m_at_end": os.getloadavg()[0],
+        "foreign_cpu_share": round(noise.foreign_share(before, after), 3),
+        "foreign_top": noise.busiest_foreign(before, after),
+    }
+
+
+def counts(state: StormState) -> dict[str, Any]:
+    """Requests by how they ended, errors by kind and by phase (before the kill, in the
+    outage — until the launcher had the server ready again —, after it), and the longest
+    a request took."""
+    kill = state.kill
+    killed_at = kill.get("killed_at", float("inf"))
+    back_at = killed_at + (kill.get("launcher_recovery_s") or 0.0)
+
+    def phase(r: Ended) -> str:
+        return "before_kill" if r.ended < killed_at else "outage" if r.ended <= back_at else "after"
+
+    records = state.records
+    errors = Counter(f"{phase(r)} | {r.error_kind}" for r in records if r.state == "errored")
+    malformed = [r for r in records if r.malformed is not None]
+    return {
+        "sent": state.sent,
+        "ended": len(records),
+        "lost": state.sent - len(records),
+        "by_state": dict(Counter(r.state for r in records)),
+        "by_kind_and_state": dict(
+            sorted(Counter(f"{r.kind} {r.model} {r.state}" for r in records).items())
+        ),
+        "errors_by_phase_and_kind": dict(sorted(errors.items())),
+        "malformed": dict(Counter(r.error_kind or r.state for r in malformed)),
+        "over_deadline": sum(r.seconds > state.settings.timeout_s for r in records),
+        "longest_s": round(max((r.seconds for r in records), default=0.0), 2),
+    }
+
+
+def rss_figures(state: StormState) -> dict[str, Any]:
+    """Each surviving process's RSS after the warm-up and at the end of the load, and
+    its growth; tritonserver's group for the record (it is the process that dies)."""
+    end_s = 60 * state.settings.minutes
+    rows = [r for r in state.rss if r["t"] <= end_s + 5]
+    figures: dict[str, Any] = {}
+    for name in ("launcher", "frontend", "tritonserver_group"):
+        series = [(r["t"], r[name]) for r in rows if r[name] is not None]
+        if not series:
+            continue
+        warm = next((x for x in series if x[0] >= state.settings.warmup_s), series[-1])
+        first, last = series[0], series[-1]
+        figures[name] = {
+            "start_bytes": first[1],
+            "after_warmup_bytes": warm[1],
+            "end_bytes": last[1],
+            "max_bytes": max(x[1] for x in series),
+            "growth_after_warmup_pct": round(100.0 * (last[1] - warm[1]) / warm[1], 2),
+            "window_s": [warm[0], last[0]],
+        }
+    return figures
+
+
+def everything(launcher: Launcher) -> list[psutil.Process]:
+    """The launcher and every process under it: what its stop must leave none of."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(launcher.process.pid)  # type: ignore[union-attr]
+        return [root, *root.children(recursive=True)]
+    return []
+
+
+def left_running(processes: list[psutil.Process], grace_s: float = 10.0) -> list[str]:
+    """Those of ``processes`` still alive ``grace_s`` after the stop."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for proc in processes:
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{proc.pid} {command_line(proc)}")
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def verdict(figures: dict[str, Any], s: StormSettings) -> list[str]:
+    """What missed the storm's targets."""
+    c, kill, failures = figures["counts"], figures["kill"], []
+    if c["by_state"].get("hung", 0):
+        failures.append(f"{c['by_state']['hung']} request(s) hung")
+    if c["lost"]:
+        failures.append(f"{c['lost']} request(s) lost (sent, never ended)")
+    if c["over_deadline"]:
+        failures.append(f"{c['over_deadline']} request(s) took longer than {s.timeout_s:g} s")
+    ready, cold = kill.get("launcher_recovery_s"), figures["ready_line_s"]
+    if "recovery" not in kill:
+        failures.append(
+            f"tritonserver was not killed: {kill.get('error', 'the storm ended first')}"
+        )
+    elif ready is None or ready > cold + MARGIN_S:
+        failures.append(f"ready again after {ready} s, cold start {cold} s (+ {MARGIN_S:g} s)")
+    for path, back in kill.get("recovery", {}).get("seconds", {}).items():
+        if back is None:
+            failures.append(f"{path}: never answered a probe after the kill")
+    for name in ("launcher", "frontend"):
+        if not figures["same_process"][name]:
+            failures.append(f"the {name} process changed")
+        growth = figures["rss"].get(name, {}).get("growth_after_warmup_pct")
+        if growth is None or growth >= s.rss_limit_pct:
+            failures.append(f"{name} RSS grew {growth} % after the warm-up")
+    if figures["left_after_stop"]:
+        failures.append(f"left running after the stop: {figures['left_after_stop'][:5]}")
+    return failures
+
+
+def _relative(line: str) -> str:
+    """A log line with this machine's directories named as the repository's or ``<tmp>/``."""
+    return line.replace(str(REPO_ROOT) + "/", "").replace(tempfile.gettempdir(), "<tmp>")
+
+
+def _folded(lines: list[str], marker: str, whole: bool = False) -> dict[str, int]:
+    """Lines holding ``marker`` — from it on, or ``whole`` messages (past the log's
+    time and source) — numbers folded, counted."""
+    found: Counter[str] = Counter()
+    for line in lines:
+        if marker in line:
+            start = line.find("] ") + 2 if whole else line.index(marker)
+            found[re.sub(r"[0-9]+", "N", _relative(line[start:]))[:200]] += 1
+    return dict(found.most_common(10))
+
+
+def logs(log_dir: Path) -> dict[str, Any]:
+    """What the logs add: the launcher's own lines (exit causes, restarts), the server's
+    from the final SIGTERM on, its count of stubs that saw the kill, and what the models'
+    response threads could not send (a request whose FINAL is lost keeps its caller —
+    an ensemble — counting it in flight)."""
+    launcher_log = (log_dir / "launcher.log").read_text(errors="replace").splitlines()
+    server_log = log_dir / "server.log"
+    text = server_log.read_text(errors="replace") if server_log.exists() else ""
+    lines = text.splitlines()
+    return {
+        "launcher_lines": [_relative(x) for x in launcher_log if x.startswith("tritonforge:")],
+        "non_graceful_terminations": text.count("Non-graceful termination detected"),
+        "response_thread_errors": _folded(lines, "[tritonforge] response thread:"),
+        "in_flight_at_shutdown": _folded(lines, "in-flight inferences", whole=True),
+        "server_after_sigterm": [_relative(x) for x in shutdown_log(server_log, limit=60)],
+    }
+
+
+def measure(settings: StormSettings, log_dir: Path) -> dict[str, Any]:
+    """Start the launcher, time its cold start, storm it, stop it; every figure."""
+    from tritonforge.bench.environment import tritonserver_version
+    from tritonforge.bench.reliability.models import models_to_load
+
+    models = models_to_load(settings.models)
+    launcher = Launcher(models, log_dir / "launcher.log", stdout_log=log_dir / "server.log")
+    launcher.start()
+    state, figures = StormState(launcher, settings), dict[str, Any]()
+    try:
+        launcher.wait_ready(900.0)
+        figures["ready_line_s"] = round(time.monotonic() - launcher.started_at, 2)
+        figures["tritonserver"] = tritonserver_version(launcher.http_url)
+        figures["cold_start"] = asyncio.run(time_to_serve(launcher, LLM, launcher.started_at, 900))
+        frontend = launcher.frontend()
+        state.started = time.monotonic()
+        figures["load"] = asyncio.run(storm(state, frontend))
+        figures["same_process"] = {
+            "launcher": launcher.process.poll() is None,  # type: ignore[union-attr]
+            "frontend": launcher.frontend().pid == frontend.pid,
+        }
+    finally:
+        processes = everything(launcher)
+        figures["launcher_exit_code"] = launcher.stop(timeout_s=120.0)
+    figures["left_after_stop"] = left_running(processes)
+    figures["loaded_models"] = models
+    figures["counts"] = counts(state)
+    figures["kill"] = {k: v for k, v in state.kill.items() if k != "killed_at"}
+    figures["kill"]["first_answer_after_kill_s"] = first_answers(state)
+    figures["rss"] = rss_figures(state)
+    figures["rss_samples"] = state.rss
+    return figures | {"logs": logs(log_dir)}
+
+
+def _mib(value: Any) -> str:
+    return f"{value / 2**20:.1f} MiB" if isinstance(value, int | float) else "–"
+
+
+def _table(title: str, rows: dict[str, Any]) -> list[str]:
+    return [f"| {title} | count |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows.items()), ""]
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+    """The run's settings and its figures, one line each, failures first."""
+    f, s = result["figures"], result["settings"]
+    c, kill, load = f["counts"], f["kill"], f["load"]
+    recovery = kill.get("recovery", {})
+    return [
+        f"{s['minutes']:g} min at concurrency {s['concurrency']} over "
+        f"{', '.join(s['models'])} (Triton gRPC, HTTP and the OpenAI API), every request with "
+        f"`timeout_s` {s['timeout_s']:g}; {s['cancel_share']:.0%} cancelled by the client "
+        f"0–{s['cancel_within_s']:g} s after sending, {s['malformed_share']:.0%} malformed; "
+        f"tritonserver SIGKILLed {kill.get('killed_at_s')} s in, under the launcher. Seed "
+        f"{s['seed']}.",
+        "",
+        *(f"- **failed**: {x}" for x in result["failures"]),
+        f"- requests sent {c['sent']}, ended {c['ended']}: {c['by_state']}; **hung "
+        f"{c['by_state'].get('hung', 0)}, lost {c['lost']}**; longest {c['longest_s']} s "
+        f"(deadline {s['timeout_s']:g} s)",
+        f"- **ready again {kill.get('launcher_recovery_s')} s after the SIGKILL** (the "
+        f"launcher's account: restarted, models loaded; its cold start took "
+        f"{f['ready_line_s']} s to the ready line); a probe answered per path after (s): "
+        f"{recovery.get('seconds')}; the storm's first request sent after the kill "
+        f"answered after (s): {kill.get('first_answer_after_kill_s')}; unloaded cold start "
+        f"per path (s, from the launcher's start): {f['cold_start']['seconds']}",
+        f"- OpenAI answers while Triton was down: {recovery.get('openai_statuses')}",
+        f"- launcher's restart counter: {kill.get('restarts_by_cause')}; same launcher and "
+        f"frontend processes: {f['same_process']}",
+        *(
+            f"- RSS {name}: {_mib(r['start_bytes'])} at start, {_mib(r['after_warmup_bytes'])} "
+            f"after warm-up, {_mib(r['end_bytes'])} at the end ({r['growth_after_warmup_pct']:+} "
+            f"%), max {_mib(r['max_bytes'])}"
+            for name, r in f["rss"].items()
+        ),
+        f"- processes left after the stop: {len(f['left_after_stop'])}; launcher exit code "
+        f"{f['launcher_exit_code']}",
+        f"- machine: foreign CPU share {load['foreign_cpu_share']:.0%} over the storm "
+        f"(busiest others: {', '.join(load['foreign_top']) or 'none'}); load average "
+        f"{load['load_1m_at_start']:.1f} → {load['load_1m_at_end']:.1f}",
+        "",
+    ]
+
+
+def report(result: dict[str, Any]) -> str:
+    """README.md of a run: the verdict, the counts, the kill and recovery, memory, noise."""
+    from tritonforge.bench.environment import Environment, describe_code, describe_machine
+
+    f, c = result["figures"], result["figures"]["counts"]
+    env = Environment.model_validate(result["environment"])
+    verdict_word = "PASS" if not result["failures"] else "FAIL"
+    stubs = f["logs"]["non_graceful_terminations"]
+    lines = [
+        f"# Storm with a forced kill ({result['started_utc']}): {verdict_word}",
+        "",
+        f"`{result['command']}`",
+        "",
+        *_summary(result),
+        *_table("errors (phase | kind)", c["errors_by_phase_and_kind"]),
+        *_table("malformed requests ended as", c["malformed"]),
+        *_table("kind, model, end", c["by_kind_and_state"]),
+        *_table("models' response threads could not send", f["logs"]["response_thread_errors"]),
+        *_table("in flight at shutdown (server log)", f["logs"]["in_flight_at_shutdown"]),
+        "Launcher log:",
+        "",
+        "```",
+        *f["logs"]["launcher_lines"],
+        "```",
+        "",
+        f"tritonserver's log from the launcher's SIGTERM on ({stubs} stub(s) logged a "
+        "non-graceful termination after the kill):",
+        "",
+        "```",
+        *f["logs"]["server_after_sigterm"],
+        "```",
+        "",
+        f"Machine: {describe_machine(env.machine)}.",
+        f"Code: {describe_code(env)}. Server: {env.tritonserver}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items()) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+#: The settings the command line may set (``python -m tritonforge.bench storm --help``).
+_OPTIONS = (
+    "minutes",
+    "concurrency",
+    "models",
+    "cancel_share",
+    "malformed_share",
+    "timeout_s",
+    "seed",
+)
+
+
+def main(args: Any, command: Callable[[], str]) -> int:
+    """Run the storm and write ``storm.json`` and ``README.md``; 0 if it passed."""
+    from tritonforge.bench.environment import capture, served_code
+    from tritonforge.bench.soak import RESULTS_ROOT
+    from tritonforge.launch.model_store import ensure_default_model
+
+    given = {name: getattr(args, name, None) for name in _OPTIONS}
+    if given["models"] is not None:
+        given["models"] = tuple(given["models"])
+    settings = StormSettings(**{k: v for k, v in given.items() if v is not None})
+    code = served_code(allow_mismatch=getattr(args, "allow_served_mismatch", False))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.results or RESULTS_ROOT) / stamp
+    env = capture(ensure_default_model(quiet=True), code)
+    with tempfile.TemporaryDirectory(prefix="tritonforge-storm-") as log_dir:
+        figures = measure(settings, Path(log_dir))
+    env.tritonserver = figures.pop("tritonserver", "")
+    result = {
+        "started_utc": stamp,
+        "command": command(),
+        "settings": asdict(settings),
+        "figures": figures,
+        "failures": verdict(figures, settings),
+        "environment": env.model_dump(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "storm.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "README.md").write_text(report(result))
+    print(out / "README.md")
+    return 0 if not result["failures"] else 1
