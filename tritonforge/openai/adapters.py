@@ -137,19 +137,22 @@ class AdapterCatalogue:
             for listed, (model, name) in sorted(self._ids().items())
         ]
 
+    def known(self, requested: str) -> tuple[str, str] | None:
+        """(model, adapter) a request's ``model`` names, as last read (no round trip)."""
+        found = self._ids().get(requested)
+        model, _, name = requested.partition("/")
+        served = self._served.get(model)
+        if found is None and served is not None and name in served.adapters:
+            found = (model, name)
+        return found
+
     async def resolve(self, requested: str) -> tuple[str, str] | None:
-        """(model, adapter) a request's ``model`` names, or None if it names no adapter."""
-        for attempt in range(2):
-            if attempt:
-                await self.refresh()
-            found = self._ids().get(requested)
-            model, _, name = requested.partition("/")
-            served = self._served.get(model)
-            if found is None and served is not None and name in served.adapters:
-                found = (model, name)
-            if found is not None:
-                return found
-        return None
+        """(model, adapter) a request's ``model`` names, read again if it is not known;
+        None if it names no adapter."""
+        if (found := self.known(requested)) is not None:
+            return found
+        await self.refresh()
+        return self.known(requested)
 
     async def load(self, body: LoadLoRAAdapterRequest) -> str:
         """vLLM's ``/v1/load_lora_adapter``: the adapter on its model's running engine."""

@@ -209,9 +209,11 @@ class OpenAIServer:
     async def route(self, requested: str) -> tuple[str, str | None]:
         """The Triton model a body's ``model`` names, and the LoRA adapter if it names one.
 
-        A model is looked up first (cached: no round trip); only a name no model has is
-        looked for among the adapters (adapters.py).
+        Adapters already known and models are found without a round trip (both are
+        cached); a name neither has is looked for among the models' adapters again.
         """
+        if (known := self.adapters.known(requested)) is not None:
+            return known
         try:
             await self.gateway.spec(requested)
             return requested, None
