@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.engines.host_settings import (
+    ALL_BUT_ONE,
     BIND_ENV,
     BIND_KEY,
     Host,
@@ -53,18 +54,27 @@ def test_an_explicit_dtype_always_wins(host: Host) -> None:
     assert resolved.reasons[0] == "engine setting dtype=bfloat16: set in model.json"
 
 
-def test_binding_takes_the_cores_the_process_may_use_but_one_left_to_enginecore() -> None:
+def test_binding_takes_every_core_the_process_may_use() -> None:
     host = Host(cpu=True, flags=frozenset(), cores=(2, 3, 4, 7, 9))
     resolved = resolve_host_settings(SHIPPED, host, {})
-    assert resolved.env == {BIND_ENV: "2-4,7"}
-    assert resolved.reasons[1].startswith(f"engine setting {BIND_ENV}=2-4,7: the cores")
+    assert resolved.env == {BIND_ENV: "2-4,7,9"}
+    assert resolved.reasons[1].startswith(f"engine setting {BIND_ENV}=2-4,7,9: every core")
     assert "EngineCore" in resolved.reasons[1]
-    assert resolve_host_settings(SHIPPED, AVX2, {}).env == {BIND_ENV: "0"}
+    assert resolve_host_settings(SHIPPED, AVX2, {}).env == {BIND_ENV: "0-1"}
 
 
 def test_a_single_core_is_the_workers() -> None:
     host = Host(cpu=True, flags=frozenset(), cores=(3,))
     assert resolve_host_settings(SHIPPED, host, {}).env == {BIND_ENV: "3"}
+
+
+def test_all_but_one_in_model_json_leaves_the_last_core() -> None:
+    host = Host(cpu=True, flags=frozenset(), cores=(2, 3, 4, 7, 9))
+    resolved = resolve_host_settings({**SHIPPED, BIND_KEY: ALL_BUT_ONE}, host, {})
+    assert resolved.env == {BIND_ENV: "2-4,7"}
+    assert resolved.reasons[1].endswith(f"{BIND_KEY} {ALL_BUT_ONE} in model.json")
+    one_core = Host(cpu=True, flags=frozenset(), cores=(3,))
+    assert resolve_host_settings({BIND_KEY: ALL_BUT_ONE}, one_core, {}).env == {BIND_ENV: "3"}
 
 
 def test_all_in_model_json_binds_every_core() -> None:
