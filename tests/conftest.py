@@ -31,8 +31,14 @@ from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, availabl
 #: vllm_lora_model is a second vLLM engine (LoRA kernels on every request, ~2 GiB);
 #: loaded beside vllm_model it would slow every other test on two cores, so
 #: tests/e2e/test_lora.py serves the LoRA models on one server of their own;
-#: vllm_slo_model (a second vLLM, admission on) is served by tests/e2e/test_slo_admission.py.
-OWN_SERVER_MODELS = ("vllm_lora_model", "llamacpp_lora_model", "vllm_slo_model")
+#: vllm_slo_model (a second vLLM, admission on) is served by tests/e2e/test_slo_admission.py;
+#: vllm_embedding_model (vLLM's pooling runner) by tests/e2e/test_embeddings.py.
+OWN_SERVER_MODELS = (
+    "vllm_lora_model",
+    "llamacpp_lora_model",
+    "vllm_slo_model",
+    "vllm_embedding_model",
+)
 
 
 def _interrupt(signum: int, frame: object) -> None:

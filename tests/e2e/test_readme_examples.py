@@ -34,7 +34,9 @@ NOT_RUN = {
 
 BLOCKS = blocks()
 #: Request examples for models the session server leaves out run in their own module.
-ELSEWHERE = {m: "tests/e2e/test_lora.py::test_readme_lora_examples" for m in OWN_SERVER_MODELS}
+ELSEWHERE = {m: "tests/e2e/test_lora.py::test_readme_lora_examples" for m in OWN_SERVER_MODELS} | {
+    "vllm_embedding_model": "tests/e2e/test_embeddings.py::test_readme_embedding_examples"
+}
 HERE = [b for b in BLOCKS if b.is_request() and not models(b) & set(ELSEWHERE)]
 
 
