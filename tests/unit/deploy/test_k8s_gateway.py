@@ -125,7 +125,9 @@ def test_inference_pool_matches_the_upstream_v1_schema() -> None:
         (("spec", "targetPorts"), [{"number": 0}], "less than the minimum"),
         (("spec", "endpointPickerRef", "failureMode"), "Open", "is not one of"),
         (("spec", "endpointPickerRef", "portNumber"), 9002, "Additional properties"),
-        (("spec", "selector", "matchLabels"), {}, "should be non-empty"),
+        (("spec", "selector", "matchLabels"), {"app": "-server"}, "does not match"),
+        (("spec", "endpointPickerRef", "port"), {"number": 65536}, "greater than the maximum"),
+        (("spec", "endpointPickerRef", "kind"), "apps/Service", "does not match"),
     ],
 )
 def test_the_pool_schema_rejects_what_v1_does_not_accept(path, value, rule) -> None:
@@ -137,6 +139,34 @@ def test_the_pool_schema_rejects_what_v1_does_not_accept(path, value, rule) -> N
     node[leaf] = value
     with pytest.raises(jsonschema.ValidationError, match=rule):
         jsonschema.validate(broken, schema())
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "selector", "matchLabels"), {}),  # no size bound in the v1.0.0 CRD
+        (("spec", "selector", "matchLabels"), {"not a key!": "x"}),  # keys are not checked
+        (("spec", "endpointPickerRef", "failureMode"), "FailOpen"),
+        (("spec", "endpointPickerRef", "group"), ""),
+    ],
+)
+def test_the_pool_schema_accepts_what_v1_0_0_accepts(path, value) -> None:
+    """The schema is the v1.0.0 CRD's, not stricter: this project's own rules live in the
+    tests below, so a manifest that fails here would fail on a cluster too."""
+    changed = copy.deepcopy(pool())
+    *parents, leaf = path
+    node = changed
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    jsonschema.validate(changed, schema())
+
+
+def test_a_picker_of_another_kind_needs_no_port() -> None:
+    other = copy.deepcopy(pool())
+    del other["spec"]["endpointPickerRef"]["port"]
+    other["spec"]["endpointPickerRef"]["kind"] = "Backend"
+    jsonschema.validate(other, schema())
 
 
 def test_a_service_picker_needs_its_port() -> None:
@@ -175,6 +205,23 @@ def test_pool_selects_the_server_pods_on_the_openai_frontends_port() -> None:
     assert f"--port={ports['openai']}" in frontend["args"]
     # Triton's gRPC port in the same pod.
     assert f"--triton-grpc=127.0.0.1:{ports['grpc']}" in frontend["args"]
+
+
+#: A Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of 1-63.
+LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+
+
+def test_pool_selector_is_a_valid_non_empty_label_set() -> None:
+    """The v1.0.0 CRD lets an empty selector (every pod in the namespace) or a malformed key
+    through; later releases bound the map to 1-64 entries. Hold ours to that here."""
+    labels = pool()["spec"]["selector"]["matchLabels"]
+    assert 1 <= len(labels) <= 64
+    for key in labels:
+        prefix, _, _ = key.rpartition("/")
+        assert LABEL_KEY.fullmatch(key) and len(prefix) <= 253, key
 
 
 def test_pool_names_the_pickers_service_and_port() -> None:

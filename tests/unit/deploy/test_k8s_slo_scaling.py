@@ -2,8 +2,14 @@
 
 The HPA alternative reads the adapter's renamed series; the KEDA ScaledObject (a CRD
 kubernetes-validate has no schema for) is validated against a closed JSON schema of the
-fields used (a subset of KEDA 2.x's CRD). Both must name series this project exports
-(tritonforge/triton/admission_metrics.py) and target the Deployment.
+fields used. That schema is this project's, written from kedacore/keda sources of v2.14 or
+later (apis/keda/v1alpha1/scaledobject_types.go and scaletriggers_types.go, the generated
+config/crd/bases/keda.sh_scaledobjects.yaml, the Prometheus scaler's metadata and
+pkg/scalers' metric-target check; the copies read define initialCooldownPeriod, new after
+v2.13.1, and carry no exact release tag): types and required keys as the CRD has them, plus
+the rules KEDA applies when it admits or builds the object (named where used). Both must name
+series this project exports (tritonforge/triton/admission_metrics.py) and target the
+Deployment.
 """
 
 from __future__ import annotations
@@ -24,10 +30,16 @@ from tests.unit.deploy.test_k8s_manifests import (
 
 SOURCE = Path(__file__).resolve().parents[3] / "tritonforge" / "triton" / "admission_metrics.py"
 
+#: The CRD's int32 fields carry no other bound (KEDA's webhook checks min <= max).
+_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
 _TRIGGER = closed(
     {
-        "type": {"const": "prometheus"},
-        "metricType": {"enum": ["Value", "AverageValue", "Utilization"]},
+        "type": {"const": "prometheus"},  # the one scaler used; the CRD takes any string
+        # Only these two for a scaler's external metric: KEDA refuses "Utilization"
+        # (cpu and memory triggers only) when it builds the scaler.
+        "metricType": {"enum": ["Value", "AverageValue"]},
+        # The CRD: a map of strings. The Prometheus scaler requires these three and
+        # parses threshold as a float; the decimal form and http(s) are this project's.
         "metadata": closed(
             {
                 "serverAddress": {"type": "string", "pattern": "^https?://"},
@@ -48,10 +60,11 @@ SCALED_OBJECT_SCHEMA = custom_resource_schema(
             "scaleTargetRef": closed(
                 {"name": {"type": "string"}, "kind": {"type": "string"}}, ("name",)
             ),
-            "minReplicaCount": {"type": "integer", "minimum": 0},
-            "maxReplicaCount": {"type": "integer", "minimum": 1},
-            "pollingInterval": {"type": "integer", "minimum": 1},
-            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "minReplicaCount": _INT32,
+            "maxReplicaCount": _INT32,
+            "pollingInterval": _INT32,
+            "cooldownPeriod": _INT32,
+            # The CRD allows an empty list; KEDA's admission webhook refuses it (v2.14 on).
             "triggers": {"type": "array", "minItems": 1, "items": _TRIGGER},
         },
         ("scaleTargetRef", "triggers"),
@@ -72,6 +85,10 @@ def test_scaled_object_matches_the_fields_it_uses() -> None:
     broken["spec"]["triggers"][0]["metadata"]["treshold"] = "1"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SCALED_OBJECT_SCHEMA)
+    utilization = copy.deepcopy(scaled)
+    utilization["spec"]["triggers"][0]["metricType"] = "Utilization"
+    with pytest.raises(jsonschema.ValidationError, match="is not one of"):
+        jsonschema.validate(utilization, SCALED_OBJECT_SCHEMA)
 
 
 def test_scaled_object_targets_the_deployment_on_exported_series() -> None:
