@@ -6,27 +6,37 @@ is offline ``LLM.generate`` on this machine with the engine settings the server 
 (``model.json``) and the same ``LoRARequest`` per adapter, one prompt at a time as the
 tests send them; for llama.cpp, llama-cpp-python itself with the same GGUF adapter. Both
 LoRA models run on a server of their own (see OWN_SERVER_MODELS in tests/conftest.py):
-one extra server start for this module.
+one extra server start for this module, from a copy of their repository entries, since
+adapters loaded at run time are written to the repository's multi_lora.json. An OpenAI
+frontend beside it serves the adapter routes.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from tests.e2e.client import (
+    StreamResult,
     bytes_input,
+    control_model,
     generate,
     llm_inputs,
     metric,
+    openai_frontend,
     run_reference,
     served_engine_settings,
     stream,
 )
 from tests.e2e.readme_examples import Addresses, blocks, models, run_block
 from tests.e2e.test_gateway_metrics import adapter_shows_then_leaves
-from tritonforge.launch.launcher import TritonServer
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
+from tritonforge.paths import MODEL_REPOSITORY
 
 MODEL = "vllm_lora_model"
 LLAMACPP = "llamacpp_lora_model"
@@ -43,13 +53,25 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    """The two LoRA models, after their adapters exist (made once, cached under .cache/)."""
+    """The two LoRA models, after their adapters exist (made once, cached under .cache/),
+    served from a copy of their repository entries (run-time loads write to it)."""
     from tritonforge.launch.lora_store import ensure_adapters
 
     ensure_adapters(quiet=True)
-    log = tmp_path_factory.mktemp("lora") / "server.log"
-    with TritonServer.on_free_ports(models=[MODEL, LLAMACPP], log_path=log) as own:
+    root = tmp_path_factory.mktemp("lora")
+    for model in (MODEL, LLAMACPP):
+        shutil.copytree(MODEL_REPOSITORY / model, root / "repository" / model)
+    settings = {"models": [MODEL, LLAMACPP], "repository": root / "repository"}
+    with TritonServer.on_free_ports(**settings, log_path=root / "server.log") as own:
         yield own
+
+
+@pytest.fixture(scope="module")
+def openai(server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
+    """The OpenAI frontend in front of this module's server (the adapter routes)."""
+    log = tmp_path_factory.mktemp("lora-openai") / "openai.log"
+    with openai_frontend(server.grpc_url, log) as service:
+        yield service
 
 
 OFFLINE = """
@@ -239,15 +261,175 @@ def test_llamacpp_unknown_lora_name_lists_the_adapters(server) -> None:
     assert "unknown LoRA adapter 'smol-gamma'; available: smol-alpha, smol-beta" in error
 
 
-def test_readme_lora_examples(server) -> None:
+def test_readme_lora_examples(server, openai) -> None:
     """README.md's LoRA requests answer on this module's server (the session server does not
-    load the LoRA models); shape only, as tests/e2e/test_readme_examples.py checks the rest."""
+    load the LoRA models); shape only, as tests/e2e/test_readme_examples.py checks the rest.
+    The run-time examples load an adapter and unload it again."""
     examples = [b for b in blocks() if b.is_request() and models(b) & {MODEL, LLAMACPP}]
     assert examples, "README.md has no LoRA request example"
+    openai_address = openai.base_url.removeprefix("http://").removesuffix("/v1")
     for block in examples:
-        run_block(block, Addresses(http=server.http_url, grpc=server.grpc_url))
+        run_block(block, Addresses(server.http_url, server.grpc_url, openai_address))
 
 
 def test_the_gateway_picker_sees_an_adapter_in_flight(server) -> None:
     """deploy/k8s/gateway's endpoint picker routes by lora_requests_info's adapter labels."""
     adapter_shows_then_leaves(server)
+
+
+# --- adapters loaded at run time --------------------------------------------------------
+
+#: Long enough to be still streaming while adapters are loaded and unloaded beside it.
+LONG = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}
+
+
+def post(openai: OpenAIFrontend, route: str, body: dict) -> requests.Response:
+    return requests.post(f"{openai.base_url}/{route}", json=body, timeout=300)
+
+
+def listed_adapters(openai: OpenAIFrontend) -> dict[str, str]:
+    """/v1/models' adapters: listed id -> parent model."""
+    data = requests.get(f"{openai.base_url}/models", timeout=60).json()["data"]
+    return {card["id"]: card["parent"] for card in data if card.get("parent")}
+
+
+def repository_adapters(server: TritonServer, model: str) -> dict[str, str]:
+    path = server.repository / model / "1" / "multi_lora.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def error_of(reply: requests.Response) -> tuple[int, str | None, str]:
+    error = reply.json()["error"]
+    return reply.status_code, error["param"], error["message"]
+
+
+class InFlight:
+    """Greedy streams on one adapter, started now and followed to their end."""
+
+    def __init__(self, server: TritonServer, model: str, lora: str, count: int) -> None:
+        self.results: list[StreamResult] = []
+        self.started = threading.Semaphore(0)
+        inputs = [*llm_inputs(PROMPT, LONG), bytes_input("lora_name", lora)]
+
+        def run() -> None:
+            first = threading.Event()
+
+            def seen(_: int) -> None:
+                if not first.is_set():
+                    first.set()
+                    self.started.release()
+
+            result = stream(server.grpc_url, model, inputs, timeout_s=600, on_response=seen)
+            if not first.is_set():
+                self.started.release()
+            self.results.append(result)
+
+        self.threads = [threading.Thread(target=run) for _ in range(count)]
+        for thread in self.threads:
+            thread.start()
+        for _ in range(count):  # every stream has its first token: they are running
+            assert self.started.acquire(timeout=600)
+
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def texts(self) -> list[str]:
+        """Their texts once all have ended, sorted (which stream ran first is not fixed)."""
+        for thread in self.threads:
+            thread.join(600)
+        assert all(r.error is None for r in self.results), [r.error for r in self.results]
+        return sorted(r.text for r in self.results)
+
+
+def undisturbed(server: TritonServer, model: str, count: int) -> list[str]:
+    """What ``count`` LONG smol-alpha streams answer with nothing loaded or unloaded beside.
+
+    vLLM on CPU is not batch-invariant: of two streams started together one may answer
+    otherwise than alone, depending on how their steps were batched. So its check runs one
+    stream, alone in the engine but for the load or unload; llama.cpp's answers do not
+    depend on their batch (docs/engines.md), so two run there.
+    """
+    return InFlight(server, model, "smol-alpha", count).texts()
+
+
+def test_vllm_adapter_loaded_at_run_time_serves_beside_running_streams(
+    server, openai, offline
+) -> None:
+    """smol-beta's weights loaded as smol-delta into the running engine answer as smol-beta
+    does, over the OpenAI API too; streams on smol-alpha running meanwhile end unharmed;
+    the repository lists it until it is unloaded; bad loads are named 4xx and change
+    nothing."""
+    beta = repository_adapters(server, MODEL)["smol-beta"]  # as written: $TRITONFORGE_MODELS/…
+    alone = undisturbed(server, MODEL, count=1)
+    running = InFlight(server, MODEL, "smol-alpha", count=1)
+    load = {"lora_name": "smol-delta", "lora_path": beta, "base_model_name": MODEL}
+    reply = post(openai, "load_lora_adapter", load)
+    assert reply.status_code == 200 and "smol-delta" in reply.text, reply.text
+    assert running.running()  # the load happened while the stream was generating
+    # The stream on smol-alpha ran through the load whole, answering as without it.
+    assert running.texts() == alone
+    assert ask(server, "smol-delta") == offline["smol-beta"]
+    answer = post(openai, "completions", {"model": "smol-delta", "prompt": PROMPT, **GREEDY})
+    assert answer.status_code == 200 and answer.json()["model"] == "smol-delta"
+    assert answer.json()["choices"][0]["text"] == offline["smol-beta"]
+    assert listed_adapters(openai)["smol-delta"] == MODEL
+    assert repository_adapters(server, MODEL)["smol-delta"] == beta
+
+    assert error_of(post(openai, "load_lora_adapter", load))[:2] == (400, "lora_name")
+    missing = {**load, "lora_name": "smol-none", "lora_path": "/no/such/adapter"}
+    assert error_of(post(openai, "load_lora_adapter", missing))[:2] == (404, "lora_path")
+    wide = server.repository.parent / "wide"
+    served = served_engine_settings(server.repository / MODEL / "1", ("model",))[1]
+    shutil.copytree(next(a.path for a in served if a.name == "smol-beta"), wide)
+    config = json.loads((wide / "adapter_config.json").read_text())
+    (wide / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    too_wide = {**load, "lora_name": "smol-wide", "lora_path": str(wide)}
+    status, param, message = error_of(post(openai, "load_lora_adapter", too_wide))
+    assert (status, param) == (400, "lora_path") and "max_lora_rank 8" in message, message
+
+    running = InFlight(server, MODEL, "smol-alpha", count=1)
+    reply = post(openai, "unload_lora_adapter", {"lora_name": "smol-delta"})
+    assert reply.status_code == 200, reply.text
+    assert running.running()
+    assert running.texts() == alone
+    again = post(openai, "unload_lora_adapter", {"lora_name": "smol-delta"})
+    assert error_of(again)[:2] == (404, "lora_name")
+    assert "smol-delta" not in listed_adapters(openai)
+    assert set(repository_adapters(server, MODEL)) == {"smol-alpha", "smol-beta"}
+    gone = post(openai, "completions", {"model": "smol-delta", "prompt": PROMPT, **GREEDY})
+    assert gone.status_code == 404
+    assert ask(server, None) == offline[None]  # the model kept serving throughout
+
+
+def test_llamacpp_adapter_loaded_at_run_time_survives_a_model_reload(
+    server, openai, llamacpp_offline
+) -> None:
+    """A plain Triton client loads smol-beta's GGUF as smol-epsilon beside the running
+    llama.cpp model (lora_control over /generate); a reload of the model reads it back from
+    multi_lora.json; the OpenAI route unloads it."""
+    beta = repository_adapters(server, LLAMACPP)["smol-beta"]
+    baseline = undisturbed(server, LLAMACPP, count=2)
+    running = InFlight(server, LLAMACPP, "smol-alpha", count=2)
+    body = {"lora_control": "load", "lora_name": "smol-epsilon", "lora_path": beta}
+    answer = generate(server.http_url, LLAMACPP, body)
+    assert "error" not in answer, answer
+    assert "smol-epsilon" in json.loads(answer["text_output"])["adapters"]
+    assert running.running()
+    assert ask(server, "smol-epsilon", LLAMACPP) == llamacpp_offline["smol-beta"]
+    assert running.texts() == baseline
+
+    control_model(server.grpc_url, "load", LLAMACPP)  # a reload: a new engine from the files
+    assert ask(server, "smol-epsilon", LLAMACPP) == llamacpp_offline["smol-beta"]
+    assert listed_adapters(openai)["smol-epsilon"] == LLAMACPP
+
+    unload = {"lora_name": "smol-epsilon"}
+    assert post(openai, "unload_lora_adapter", unload).status_code == 200
+    assert set(repository_adapters(server, LLAMACPP)) == {"smol-alpha", "smol-beta"}
+    body = {"text_input": PROMPT, "lora_name": "smol-epsilon"}
+    error = generate(server.http_url, LLAMACPP, body)
+    assert "unknown LoRA adapter 'smol-epsilon'" in error["error"]
+    # Adapters both models serve are listed as <model>/<adapter>, and a load names its model.
+    listed = listed_adapters(openai)
+    assert listed[f"{LLAMACPP}/smol-alpha"] == LLAMACPP and listed[f"{MODEL}/smol-alpha"] == MODEL
+    no_model = {"lora_name": "smol-zeta", "lora_path": beta}
+    assert error_of(post(openai, "load_lora_adapter", no_model))[:2] == (400, "base_model_name")

@@ -98,7 +98,11 @@ class AdapterCatalogue:
         return served
 
     async def refresh(self) -> dict[str, Served]:
-        """Ask every LLM model that takes control requests what it serves."""
+        """Ask every LLM model that takes control requests what it serves.
+
+        A model that cannot answer (unloading, failed) is left out of the catalogue
+        rather than failing the listing of every other model.
+        """
         models = []
         for name in await self.gateway.served_models():
             spec = await self.gateway.spec(name, "any")
