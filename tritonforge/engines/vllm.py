@@ -235,7 +235,6 @@ class VllmEngine(HFTokenizedEngine):
 
     async def load_adapter(self, adapter: LoraAdapter) -> None:
         """``add_lora`` on the running engine: it reads and checks the weights now."""
-        assert self._engine is not None, "engine not started"
         if not self._args.enable_lora:
             raise RequestError(
                 "lora_control",
@@ -248,6 +247,7 @@ class VllmEngine(HFTokenizedEngine):
                 f"adapter {adapter.name!r} has rank {adapter.rank}, above max_lora_rank "
                 f"{limit} in model.json",
             )
+        assert self._engine is not None, "engine not started"
         request = LoRARequest(adapter.name, adapter.int_id, str(adapter.path))
         try:
             await self._engine.add_lora(request)

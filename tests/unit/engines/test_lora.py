@@ -255,3 +255,41 @@ def test_vllm_on_cpu_runs_base_requests_with_a_zero_adapter(tmp_path: Path) -> N
         np.testing.assert_array_equal(zero[key], expected)
     asyncio.run(engine.shutdown())  # never started: only the scratch directory goes
     assert not Path(base.lora_path).exists()
+
+
+def test_vllm_without_adapters_at_start_keeps_the_zero_adapters_slot_for_later(
+    tmp_path: Path,
+) -> None:
+    """Workaround L1 for adapters loaded at run time: the slot is reserved at start, the
+    zero adapter made from the first adapter loaded, and max_lora counts only real ones."""
+    from tritonforge.engines.vllm import BASE_LORA_ID, VllmEngine
+
+    settings = {"model": "/m", "enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
+    engine = VllmEngine.from_config(settings, tmp_path)
+    assert engine._base_lora is None and engine.loads_adapters
+    engine._reserve_base_slot()  # what start() does first
+    engine._reserve_base_slot()
+    assert engine._args.max_loras == 2 and engine.stats().max_lora == 1
+    engine._make_base_lora(peft_adapter(tmp_path, "gamma", rank=4))
+    assert engine._base_lora is not None and engine._base_lora.lora_int_id == BASE_LORA_ID
+    asyncio.run(engine.shutdown())
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "rule"),
+    [
+        ({}, "lora_control", 'model.json does not set "enable_lora": true'),
+        ({"enable_lora": True, "max_lora_rank": 8}, "lora_path", "rank 16, above max_lora_rank 8"),
+    ],
+)
+def test_vllm_refuses_a_run_time_adapter_its_settings_cannot_serve(
+    tmp_path: Path, settings: dict, field: str, rule: str
+) -> None:
+    from tritonforge.engines.vllm import VllmEngine
+
+    engine = VllmEngine.from_config({"model": "/m", **settings}, tmp_path)
+    wide = LoraAdapter("wide", 1, peft_adapter(tmp_path, "wide", rank=16), 16)
+    with pytest.raises(RequestError) as info:
+        asyncio.run(engine.load_adapter(wide))
+    assert info.value.field == field and rule in info.value.rule
+    assert engine.adapters == {}
