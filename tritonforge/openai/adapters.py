@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tritonforge.engines.lora import NO_ADAPTER_AT, UNKNOWN_ADAPTER
-from tritonforge.openai.errors import OpenAIError, from_triton, invalid, model_not_found
+from tritonforge.openai.errors import OpenAIError, from_triton, invalid
 from tritonforge.openai.responses import ModelCard
 from tritonforge.openai.triton_client import TritonGateway, TritonStream, _bytes
 
@@ -182,7 +182,9 @@ class AdapterCatalogue:
         loaders = sorted(m for m, s in served.items() if s.loads_adapters)
         if named is not None:
             if named not in served:
-                raise model_not_found(named, "is not a loaded LLM model")
+                raise not_found(
+                    f"base_model_name: `{named}` is not a loaded LLM model", "base_model_name"
+                )
             return named
         if len(loaders) == 1:
             return loaders[0]

@@ -104,7 +104,7 @@ def test_a_load_goes_to_the_named_model_or_the_only_one_that_loads() -> None:
         ({"lora_name": "g"}, 400, "lora_path"),
         ({"lora_name": "plain", "lora_path": "/g"}, 400, "lora_name"),  # a model's name
         ({"lora_name": "g", "lora_path": "/g", "load_inplace": True}, 400, "load_inplace"),
-        ({"lora_name": "g", "lora_path": "/g", "base_model_name": "nope"}, 404, "model"),
+        ({"lora_name": "g", "lora_path": "/g", "base_model_name": "nope"}, 404, "base_model_name"),
     ],
 )
 def test_a_bad_load_is_named(body: dict, status: int, param: str) -> None:
