@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from tritonforge.engines.lora import NO_ADAPTER_AT, UNKNOWN_ADAPTER
 from tritonforge.openai.errors import OpenAIError, from_triton, invalid
 from tritonforge.openai.responses import ModelCard
+from tritonforge.openai.translate import TritonRequest
 from tritonforge.openai.triton_client import TritonGateway, TritonStream, _bytes
 
 CONTROL_INPUT = "lora_control"
@@ -157,6 +158,16 @@ class AdapterCatalogue:
             return found
         await self.refresh()
         return self.known(requested)
+
+    def unloaded(self, error: OpenAIError, model: str, request: TritonRequest) -> OpenAIError:
+        """``error``, or a 404 for the request's ``model`` when it named an adapter its
+        model no longer serves (unloaded by another client); the catalogue is read again
+        for the next request naming it."""
+        if request.triton_model is None or UNKNOWN_ADAPTER not in error.message:
+            return error
+        self._served.pop(model, None)
+        adapter = request.sampling.get("lora_name")
+        return not_found(f"The model `{adapter}` does not exist ({model} unloaded it).", "model")
 
     async def load(self, body: LoadLoRAAdapterRequest) -> str:
         """vLLM's ``/v1/load_lora_adapter``: the adapter on its model's running engine."""

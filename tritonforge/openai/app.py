@@ -235,7 +235,7 @@ class OpenAIServer:
             except OpenAIError as error:
                 if error.status == 400 and request.fit_max_tokens(error.message):
                     continue
-                raise
+                raise self.adapters.unloaded(error, model, request) from None
             except BaseException:
                 stream.cancel()
                 raise

@@ -143,3 +143,21 @@ def test_unload_finds_the_model_and_names_what_it_cannot() -> None:
 def test_model_errors_keep_vllms_status_codes(message: str, status: int, param: str) -> None:
     error = control_error(from_triton(message, "m"))
     assert (error.status, error.param) == (status, param)
+
+
+def test_a_request_naming_an_adapter_goes_to_its_model_and_a_gone_one_is_a_404() -> None:
+    """The body's model is the adapter; the model gets its lora_name. An adapter another
+    client unloaded meanwhile is a 404 for that model name, as vLLM answers it."""
+    from tests.unit.openai.test_openai_translate import FakeGateway, client, deltas
+
+    gone = from_triton("lora_name: unknown LoRA adapter 'beta'; available: none", "llm")
+    gateway = FakeGateway(deltas(), [gone])
+    with client(gateway) as test_client:
+        test_client.app.state.server.adapters._served = {"llm": Served({"beta": "/b"}, True)}
+        body = {"model": "beta", "prompt": "x", "max_tokens": 2}
+        answer = test_client.post("/v1/completions", json=body)
+        assert answer.status_code == 200 and answer.json()["model"] == "beta"
+        assert gateway.sent[-1]["lora_name"] == "beta"
+        error = test_client.post("/v1/completions", json=body)
+        assert error.status_code == 404 and error.json()["error"]["param"] == "model"
+        assert test_client.app.state.server.adapters.known("beta") is None
