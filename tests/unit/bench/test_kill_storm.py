@@ -192,8 +192,13 @@ def test_the_report_states_the_verdict_and_the_counts(failures: list[str]) -> No
             "first_answer_after_kill_s": {"http": 50.0},
         },
         "load": {
-            "foreign_cpu_share": 0.25,
-            "foreign_top": ["python (1): 3.0 cpu s"],
+            "foreign_cpu": {
+                "before_kill": {
+                    "share": 0.25,
+                    "busiest_others": ["python (1): 3.0 cpu s"],
+                    "seconds": 300.0,
+                }
+            },
             "load_1m_at_start": 3.0,
             "load_1m_at_end": 9.0,
         },
@@ -220,6 +225,7 @@ def test_the_report_states_the_verdict_and_the_counts(failures: list[str]) -> No
     text = report(result)
     assert text.startswith("# Storm with a forced kill") and ("FAIL" in text) == bool(failures)
     assert "hung 0, lost 0" in text and "foreign CPU share 25%" in text
+    assert "before kill (300.0 s)" in text
     assert "ready again 45.0 s after the SIGKILL" in text
     assert Counter(line.startswith("- **failed**") for line in text.splitlines())[True] == len(
         failures

@@ -84,6 +84,10 @@ class StormState:
     sent: int = 0
     rss: list[dict[str, Any]] = field(default_factory=list)
     kill: dict[str, Any] = field(default_factory=dict)
+    #: CPU snapshots at the storm's start, just before the kill, once serving again
+    #: and at the end: the foreign CPU share is read per window, never across the kill
+    #: (the killed processes' CPU leaves the run's account with them).
+    cpu: dict[str, noise.CpuSnapshot] = field(default_factory=dict)
 
     def at(self) -> float:
         return round(time.monotonic() - self.started, 1)
@@ -172,10 +176,12 @@ async def kill_midway(state: StormState, at_s: float, timeout_s: float) -> None:
     except (ValueError, psutil.Error) as error:
         state.kill = {"error": f"no tritonserver to kill: {error!r}"}
         return
+    state.cpu["before_kill"] = noise.snapshot()
     killed = time.monotonic()
     dead.kill()
     state.kill = {"killed_at": killed, "killed_at_s": state.at(), "killed_processes": len(group)}
     recovery = await time_to_serve(launcher, LLM, killed, timeout_s, poll_s=0.5)
+    state.cpu["serving_again"] = noise.snapshot()
     state.kill |= {
         "recovery": recovery,
         "serving_again_at_s": state.at(),
@@ -219,6 +225,23 @@ def first_answers(state: StormState) -> dict[str, float | None]:
     return found
 
 
+def foreign_cpu(state: StormState) -> dict[str, Any]:
+    """The foreign CPU share before the kill and after serving again (the outage between
+    is left out: the killed processes' CPU leaves the run's account when they die)."""
+    cpu, shares = state.cpu, {}
+    for name, start, end in (
+        ("before_kill", "start", "before_kill"),
+        ("after_serving_again", "serving_again", "end"),
+    ):
+        if start in cpu and end in cpu:
+            shares[name] = {
+                "share": round(noise.foreign_share(cpu[start], cpu[end]), 3),
+                "busiest_others": noise.busiest_foreign(cpu[start], cpu[end]),
+                "seconds": round(cpu[end].at - cpu[start].at, 1),
+            }
+    return shares
+
+
 async def storm(state: StormState, frontend: psutil.Process) -> dict[str, Any]:
     """The storm on a ready launcher: load, the kill midway, then every request's end."""
     s = state.settings
@@ -226,13 +249,13 @@ async def storm(state: StormState, frontend: psutil.Process) -> dict[str, Any]:
     clients = open_clients(state.launcher, s.concurrency)
     sampler = asyncio.create_task(sample_rss(state, frontend))
     killer = asyncio.create_task(kill_midway(state, duration * s.kill_at_fraction, 900.0))
-    before = noise.snapshot()
+    state.cpu["start"] = noise.snapshot()
     load_1m = os.getloadavg()[0]
     try:
         await run_workers(state, clients, time.monotonic() + duration)
         await killer
     finally:
-        after = noise.snapshot()
+        state.cpu["end"] = noise.snapshot()
         sampler.cancel()
         killer.cancel()
         await asyncio.gather(sampler, killer, return_exceptions=True)
@@ -241,8 +264,7 @@ async def storm(state: StormState, frontend: psutil.Process) -> dict[str, Any]:
         "wall_s": state.at(),
         "load_1m_at_start": load_1m,
         "load_1m_at_end": os.getloadavg()[0],
-        "foreign_cpu_share": round(noise.foreign_share(before, after), 3),
-        "foreign_top": noise.busiest_foreign(before, after),
+        "foreign_cpu": foreign_cpu(state),
     }
 
 
@@ -426,6 +448,12 @@ def _table(title: str, rows: dict[str, Any]) -> list[str]:
     return [f"| {title} | count |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows.items()), ""]
 
 
+_RSS_NAMES = {
+    "tritonserver_group": "tritonserver's group (for the record: the killed server at the "
+    "start, the restarted one at the end)"
+}
+
+
 def _summary(result: dict[str, Any]) -> list[str]:
     """The run's settings and its figures, one line each, failures first."""
     f, s = result["figures"], result["settings"]
@@ -453,16 +481,22 @@ def _summary(result: dict[str, Any]) -> list[str]:
         f"- launcher's restart counter: {kill.get('restarts_by_cause')}; same launcher and "
         f"frontend processes: {f['same_process']}",
         *(
-            f"- RSS {name}: {_mib(r['start_bytes'])} at start, {_mib(r['after_warmup_bytes'])} "
+            f"- RSS {_RSS_NAMES.get(name, name)}: {_mib(r['start_bytes'])} at start, "
+            f"{_mib(r['after_warmup_bytes'])} "
             f"after warm-up, {_mib(r['end_bytes'])} at the end ({r['growth_after_warmup_pct']:+} "
             f"%), max {_mib(r['max_bytes'])}"
             for name, r in f["rss"].items()
         ),
         f"- processes left after the stop: {len(f['left_after_stop'])}; launcher exit code "
         f"{f['launcher_exit_code']}",
-        f"- machine: foreign CPU share {load['foreign_cpu_share']:.0%} over the storm "
-        f"(busiest others: {', '.join(load['foreign_top']) or 'none'}); load average "
-        f"{load['load_1m_at_start']:.1f} → {load['load_1m_at_end']:.1f}",
+        *(
+            f"- machine, {name.replace('_', ' ')} ({w['seconds']} s): foreign CPU share "
+            f"{w['share']:.0%} (busiest others: {', '.join(w['busiest_others']) or 'none'})"
+            for name, w in load["foreign_cpu"].items()
+        ),
+        f"- load average {load['load_1m_at_start']:.1f} at the start, "
+        f"{load['load_1m_at_end']:.1f} at the end; uncommitted files in the tree at launch: "
+        f"{', '.join(result.get('dirty_files', [])) or 'none'}",
         "",
     ]
 
@@ -507,6 +541,21 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def dirty_files() -> list[str]:
+    """Files of the tree with uncommitted changes at launch (on a shared machine they may
+    be someone else's work: the record says which, not just that there were some)."""
+    import subprocess
+
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line[3:] for line in status.splitlines() if line.strip()]
+
+
 #: The settings the command line may set (``python -m tritonforge.bench storm --help``).
 _OPTIONS = (
     "minutes",
@@ -533,12 +582,14 @@ def main(args: Any, command: Callable[[], str]) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.results or RESULTS_ROOT) / stamp
     env = capture(ensure_default_model(quiet=True), code)
+    dirty = dirty_files()
     with tempfile.TemporaryDirectory(prefix="tritonforge-storm-") as log_dir:
         figures = measure(settings, Path(log_dir))
     env.tritonserver = figures.pop("tritonserver", "")
     result = {
         "started_utc": stamp,
         "command": command(),
+        "dirty_files": dirty,
         "settings": asdict(settings),
         "figures": figures,
         "failures": verdict(figures, settings),
