@@ -1,6 +1,7 @@
 """The Triton edge: ``TritonPythonModel`` for any engine, and nothing engine-specific.
 
-This is the only module that touches ``triton_python_backend_utils``. It turns Triton
+This is the only module that touches ``triton_python_backend_utils`` for LLM models
+(``embedding.py`` beside it is the embedding models' edge). It turns Triton
 requests into input arrays for :func:`parse_request`, hands parsed requests to the
 :class:`Runtime`, and turns the runtime's outputs and errors into Triton responses.
 Clients speaking another request dialect (:mod:`tritonforge.serving.dialects`) have their
