@@ -73,7 +73,11 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess
     script.write_text(OFFLINE)
     process = subprocess.Popen(
         [sys.executable, str(script), json.dumps(args), json.dumps(TEXTS)],
-        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        # As the adapter runs it: in-process, model.json's KV-cache size (vllm_embedding.py).
+        env={
+            **{k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"},
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
