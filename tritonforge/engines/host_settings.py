@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,9 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: The model.json key for the OpenMP binding (tritonforge's; vLLM reads only the variable).
 BIND_KEY = "cpu_omp_threads_bind"
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+#: vLLM's legacy CPU KV-cache size variable, and the model.json key that should win over it.
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KV_BYTES_KEY = "kv_cache_memory_bytes"
 #: The binding value that leaves the last usable core to other work (shared machines).
 ALL_BUT_ONE = "all-but-one"
 
@@ -52,11 +55,19 @@ class Host:
 
 @dataclass(frozen=True)
 class HostSettings:
-    """Engine arguments to build vLLM with, variables to set first, and why (one line each)."""
+    """Engine arguments to build vLLM with, variables to set (or clear) first, and why."""
 
     engine: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    unset: tuple[str, ...] = ()
+
+    def apply(self, environ: MutableMapping[str, str]) -> None:
+        """Set and clear the variables vLLM reads when it starts (``environ``: the stub's
+        own ``os.environ``, which serves this one model)."""
+        environ.update(self.env)
+        for name in self.unset:
+            environ.pop(name, None)
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -148,12 +159,20 @@ def resolve_host_settings(
     if eager is not None:
         engine["enforce_eager"] = eager
     shown_bind = bind or env.get(BIND_ENV, "vLLM's default")
-    reasons = (
+    reasons: tuple[str, ...] = (
         f"engine setting dtype={dtype}: {dtype_why}",
         f"engine setting {BIND_ENV}={shown_bind}: {bind_why}",
         f"engine setting enforce_eager={'vLLM default' if eager is None else eager}: {eager_why}",
     )
-    return HostSettings(engine=engine, env={BIND_ENV: bind} if bind else {}, reasons=reasons)
+    unset: tuple[str, ...] = ()
+    if host.cpu and KV_BYTES_KEY in settings and KV_SPACE_ENV in env:
+        # On CPU vLLM lets the variable (the launcher's default for every model) replace
+        # the model's own kv_cache_memory_bytes; the model's explicit size must win.
+        unset = (KV_SPACE_ENV,)
+        reasons += (f"engine setting {KV_SPACE_ENV} cleared: {KV_BYTES_KEY} set in model.json",)
+    return HostSettings(
+        engine=engine, env={BIND_ENV: bind} if bind else {}, reasons=reasons, unset=unset
+    )
 
 
 def for_this_host(settings: Mapping[str, Any], cpu: bool) -> HostSettings:

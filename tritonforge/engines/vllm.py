@@ -184,11 +184,12 @@ class VllmEngine(HFTokenizedEngine):
     def from_settings(cls, settings: dict[str, Any]) -> VllmEngine:
         """Resolve the host-dependent settings (host_settings.py), log them, build the args.
 
-        The OpenMP binding is an environment variable vLLM reads when it starts its
-        worker (at ``start``), so it is set here, in this model's own stub process.
+        The OpenMP binding (and the KV-cache size variable that must not override
+        ``kv_cache_memory_bytes``) are environment variables vLLM reads when it starts its
+        worker (at ``start``), so they are set here, in this model's own stub process.
         """
         resolved = for_this_host(settings, current_platform.is_cpu())
-        os.environ.update(resolved.env)
+        resolved.apply(os.environ)
         # Never log prompts: vLLM's request logging stays off whatever the file says.
         engine = cls(AsyncEngineArgs(**{**resolved.engine, "enable_log_requests": False}))
         engine._settings_log = resolved.reasons

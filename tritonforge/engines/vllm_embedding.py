@@ -17,11 +17,9 @@ split by timing. In-process, every prompt is scheduled before the first step: th
 is embedded in as few forward passes as the token budget (``max_num_batched_tokens``)
 allows, the same passes every time, and one process fewer holds the model's memory.
 
-Why ``VLLM_CPU_KVCACHE_SPACE`` is cleared here: on CPU, vLLM 0.32 lets that (legacy)
-variable replace ``kv_cache_memory_bytes``, and the server's environment sets it to
-1 GiB for the generate models. An embedding model needs KV only while a batch is
-embedded, so ``model.json``'s smaller size must win (measured: the stub held 2.2 GiB
-with the variable's 1 GiB).
+An embedding model needs KV only while a batch is embedded, so its ``model.json`` asks
+for a small cache; the host settings clear ``VLLM_CPU_KVCACHE_SPACE`` so that size wins
+(host_settings.py; measured: the stub held 2.2 GiB with the variable's 1 GiB).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ _log = init_logger("vllm.tritonforge")
 #: "0": vLLM runs the engine core in the calling process (module docstring: why).
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: vLLM's legacy CPU KV-cache size in GiB, unset here (module docstring: why).
-KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 class VllmEmbedder(Embedder):
@@ -67,9 +64,8 @@ class VllmEmbedder(Embedder):
         """Pooling settings checked, host settings resolved; the binding and the in-process
         engine (module docstring) set in this process, which is this model's stub alone."""
         resolved = for_this_host(pooling_settings(settings), current_platform.is_cpu())
-        os.environ.update(resolved.env | {IN_PROCESS_ENV: "0"})
-        if "kv_cache_memory_bytes" in resolved.engine:
-            os.environ.pop(KV_SPACE_ENV, None)  # model.json's size wins (module docstring)
+        resolved.apply(os.environ)
+        os.environ[IN_PROCESS_ENV] = "0"
         return cls(resolved.engine, resolved.reasons)
 
     def start(self) -> None:

@@ -10,6 +10,8 @@ from tritonforge.engines.host_settings import (
     ALL_BUT_ONE,
     BIND_ENV,
     BIND_KEY,
+    KV_BYTES_KEY,
+    KV_SPACE_ENV,
     Host,
     cpu_flags,
     cpu_list,
@@ -150,3 +152,19 @@ def test_the_numerics_rerun_serves_the_dtype_this_host_does_not() -> None:
     assert other_dtype(SHIPPED, AMX) == "float32"
     assert other_dtype({**SHIPPED, "dtype": "float32"}, AMX) == "bfloat16"
     assert other_dtype({**SHIPPED, "dtype": "bfloat16"}, AVX2) == "float32"
+
+
+def test_a_model_json_kv_cache_size_clears_the_variable_that_would_override_it() -> None:
+    env = {KV_SPACE_ENV: "1"}
+    resolved = resolve_host_settings({**SHIPPED, KV_BYTES_KEY: 268435456}, AVX2, env)
+    assert resolved.unset == (KV_SPACE_ENV,)
+    assert resolved.reasons[-1].endswith(f"{KV_BYTES_KEY} set in model.json")
+    resolved.apply(env)
+    assert KV_SPACE_ENV not in env
+    assert env[BIND_ENV] == "0-1"
+
+
+def test_without_a_kv_cache_size_the_variable_stays() -> None:
+    settings = {k: v for k, v in SHIPPED.items() if k != KV_BYTES_KEY}
+    assert resolve_host_settings(settings, AVX2, {KV_SPACE_ENV: "1"}).unset == ()
+    assert resolve_host_settings({**SHIPPED, KV_BYTES_KEY: 1}, GPU, {KV_SPACE_ENV: "1"}).unset == ()
