@@ -51,7 +51,7 @@ args, texts = (json.loads(a) for a in sys.argv[1:3])
 if __name__ == "__main__":
     # The settings the server's adapter resolves for this host (pooling, dtype, threads).
     host = for_this_host(pooling_settings(args), current_platform.is_cpu())
-    os.environ.update(host.env)
+    host.apply(os.environ)
     llm = LLM(**host.engine)
     # As the server gets them: all texts in one batch, then the first alone (batch shape
     # moves the last bits of a bfloat16 matmul).

@@ -69,7 +69,7 @@ args, prompts, chats = (json.loads(a) for a in sys.argv[1:4])
 if __name__ == "__main__":
     # The settings the server's adapter resolves for this host (dtype, threads).
     host = for_this_host(args, current_platform.is_cpu())
-    os.environ.update(host.env)
+    host.apply(os.environ)
     llm = LLM(**host.engine)
     greedy = SamplingParams(temperature=0, max_tokens=24)
     tokenizer = llm.get_tokenizer()
