@@ -392,17 +392,23 @@ def logs(log_dir: Path) -> dict[str, Any]:
     """What the logs add: the launcher's own lines (exit causes, restarts), the server's
     from the final SIGTERM on, its count of stubs that saw the kill, and what the models'
     response threads could not send (a request whose FINAL is lost keeps its caller —
-    an ensemble — counting it in flight)."""
-    launcher_log = (log_dir / "launcher.log").read_text(errors="replace").splitlines()
+    an ensemble — counting it in flight).
+
+    tritonserver writes to the launcher's stdout and stderr both (the launcher passes its
+    own on): :func:`measure` sends both to ``launcher.log``; a ``server.log`` beside it is
+    read too.
+    """
+    launcher_log = log_dir / "launcher.log"
     server_log = log_dir / "server.log"
-    text = server_log.read_text(errors="replace") if server_log.exists() else ""
-    lines = text.splitlines()
+    texts = [p.read_text(errors="replace") for p in (launcher_log, server_log) if p.exists()]
+    lines = "\n".join(texts).splitlines()
+    shutdown = shutdown_log(launcher_log, limit=60) or shutdown_log(server_log, limit=60)
     return {
-        "launcher_lines": [_relative(x) for x in launcher_log if x.startswith("tritonforge:")],
-        "non_graceful_terminations": text.count("Non-graceful termination detected"),
+        "launcher_lines": [_relative(x) for x in lines if x.startswith("tritonforge:")],
+        "non_graceful_terminations": sum("Non-graceful termination detected" in x for x in lines),
         "response_thread_errors": _folded(lines, "[tritonforge] response thread:"),
         "in_flight_at_shutdown": _folded(lines, "in-flight inferences", whole=True),
-        "server_after_sigterm": [_relative(x) for x in shutdown_log(server_log, limit=60)],
+        "server_after_sigterm": [_relative(x) for x in shutdown],
     }
 
 
@@ -412,7 +418,8 @@ def measure(settings: StormSettings, log_dir: Path) -> dict[str, Any]:
     from tritonforge.bench.reliability.models import models_to_load
 
     models = models_to_load(settings.models)
-    launcher = Launcher(models, log_dir / "launcher.log", stdout_log=log_dir / "server.log")
+    log = log_dir / "launcher.log"  # stdout and stderr in one file, in the order written
+    launcher = Launcher(models, log, stdout_log=log)
     launcher.start()
     state, figures = StormState(launcher, settings), dict[str, Any]()
     try:
