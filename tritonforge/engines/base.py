@@ -82,7 +82,38 @@ class ConfigFile:
     path_keys: tuple[str, ...] = ()
 
 
-class Engine(abc.ABC):
+class TokenLimits(abc.ABC):
+    """What every request's tokens are checked against, for generate and embedding engines
+    alike: the runtime refuses a prompt past these before the engine sees it."""
+
+    @property
+    @abc.abstractmethod
+    def max_context(self) -> int:
+        """Tokens of context the engine serves (the prompt, plus the output it generates)."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Token ids must lie below this."""
+
+
+class StoredTokenLimits(TokenLimits):
+    """Limits an engine reads from its model at ``start()`` into ``_max_context`` and
+    ``_vocab_size`` (vLLM, TensorRT-LLM, the synthetic engine, vLLM embeddings)."""
+
+    _max_context: int = 0
+    _vocab_size: int = 0
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+
+class Engine(TokenLimits):
     """One loaded model on one engine. All coroutines run on the runtime's loop."""
 
     #: Prefix of this engine's Prometheus metric names (``vllm:prompt_tokens_total``).
@@ -166,16 +197,6 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None:
         """Stop the engine and every process it started."""
-
-    @property
-    @abc.abstractmethod
-    def max_context(self) -> int:
-        """Tokens of context the engine serves (prompt plus output)."""
-
-    @property
-    @abc.abstractmethod
-    def vocab_size(self) -> int:
-        """Token ids must lie below this."""
 
     @abc.abstractmethod
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -282,7 +303,7 @@ def adapter_unloaded(name: str) -> RequestError:
     return RequestError("lora_name", f"LoRA adapter {name!r} was unloaded; send the request again")
 
 
-class HFTokenizedEngine(Engine):
+class HFTokenizedEngine(StoredTokenLimits, Engine):
     """An engine that hands out a HuggingFace-style tokenizer (vLLM, TensorRT-LLM).
 
     Subclasses set ``_tokenizer``, ``_max_context`` and ``_vocab_size`` in ``start()``;
@@ -290,16 +311,6 @@ class HFTokenizedEngine(Engine):
     """
 
     _tokenizer: Any = None
-    _max_context: int = 0
-    _vocab_size: int = 0
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import numpy.typing as npt
 
-from tritonforge.engines.base import ConfigFile
+from tritonforge.engines.base import ConfigFile, TokenLimits
 from tritonforge.engines.config import resolve_paths
 from tritonforge.serving.errors import RequestError
 
@@ -38,8 +38,8 @@ class Embedded:
     prompt_tokens: int
 
 
-class Embedder(abc.ABC):
-    """One loaded embedding model on one engine."""
+class Embedder(TokenLimits):
+    """One loaded embedding model on one engine (``max_context``: the longest prompt)."""
 
     #: The engine's configuration file in the version directory.
     config_file: ClassVar[ConfigFile]
@@ -61,16 +61,6 @@ class Embedder(abc.ABC):
     @abc.abstractmethod
     def shutdown(self) -> None:
         """Stop the engine and every process it started."""
-
-    @property
-    @abc.abstractmethod
-    def max_context(self) -> int:
-        """The longest prompt, in tokens, the engine embeds."""
-
-    @property
-    @abc.abstractmethod
-    def vocab_size(self) -> int:
-        """Token ids must lie below this."""
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]:

@@ -35,6 +35,7 @@ from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
+from tritonforge.engines.base import StoredTokenLimits
 from tritonforge.engines.embedding import Embedded, Embedder
 from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.pooling import pooling_settings
@@ -46,7 +47,7 @@ IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: vLLM's legacy CPU KV-cache size in GiB, unset here (module docstring: why).
 
 
-class VllmEmbedder(Embedder):
+class VllmEmbedder(StoredTokenLimits, Embedder):
     """SmolLM2 (or any decoder vLLM can convert) embedding prompts on the pooling runner."""
 
     config_file = VllmEngine.config_file
@@ -56,8 +57,6 @@ class VllmEmbedder(Embedder):
         self._reasons = reasons
         self._llm: LLM | None = None
         self._tokenizer: Any = None
-        self._max_context = 0
-        self._vocab_size = 0
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> VllmEmbedder:
@@ -83,14 +82,6 @@ class VllmEmbedder(Embedder):
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
 
     def tokenize(self, text: str) -> list[int]:
         # As vLLM tokenizes a text prompt for embedding (special tokens added).
