@@ -12,6 +12,8 @@ an OpenAI stream in flight:
   again once it is back — the same frontend process;
 - the launcher restarts tritonserver with both models, counts the restart by cause, and
   removes what the dead server left (processes, shared memory);
+- a model's stub that crashes (SIGSEGV) is a crash too: its request ends with an error
+  and the launcher restarts the server;
 - SIGTERM to the launcher still stops everything.
 """
 
@@ -138,6 +140,44 @@ def _serves(launched: Launcher) -> bool:
     return reply.status_code == 200 and len(reply.json()["choices"]) == 1
 
 
+def _stub_of(launched: Launcher, model: str) -> psutil.Process:
+    [stub] = [
+        p
+        for p in launched.triton().children()
+        if p.name().startswith("triton_python") and f"/{model}/" in " ".join(p.cmdline())
+    ]
+    return stub
+
+
+def test_a_crashed_model_stub_is_a_crash_not_a_hang(launched) -> None:
+    """Triton 2.51 never notices a python backend stub that died (it stays a zombie) and
+    its model's requests would wait forever: the launcher ends and restarts the server."""
+    wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve")
+    server = launched.triton()
+    inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
+    out: dict = {}
+    streaming = threading.Thread(
+        target=lambda: out.setdefault(
+            "result", stream(launched.grpc_url, MODEL, inputs, timeout_s=120)
+        )
+    )
+    streaming.start()
+    time.sleep(1.0)  # generating
+    _stub_of(launched, MODEL).send_signal(signal.SIGSEGV)
+    streaming.join(60)
+    assert not streaming.is_alive(), "a request to the dead stub's model hung"
+    assert out["result"].error is not None
+    wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve again")
+    assert launched.triton().pid != server.pid
+    restarts = metric(
+        launched.launcher_metrics_url,
+        "tritonforge_tritonserver_restarts_total",
+        cause="model stub died",
+    )
+    assert restarts == 1
+    assert "tritonserver died (model stub died)" in launched.log.read_text(errors="replace")
+
+
 def test_sigterm_to_the_launcher_still_stops_everything(launched) -> None:
     tree = psutil.Process(launched.process.pid).children(recursive=True)
     assert tree
@@ -147,4 +187,5 @@ def test_sigterm_to_the_launcher_still_stops_everything(launched) -> None:
     psutil.wait_procs(tree, timeout=10)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert regions and not [r for r in regions if Path(r).exists()]  # nor shared memory
-    assert launched.log.read_text(errors="replace").count("tritonserver died") == 1  # the kill
+    died = launched.log.read_text(errors="replace").count("tritonserver died")
+    assert died == 2  # the kill and the dead stub

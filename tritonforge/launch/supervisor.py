@@ -18,6 +18,14 @@ exits without having been asked to, starts it again:
 
 Triton 2.51 workaround W16, see docs/triton-2.51-workarounds.md.
 
+A model's stub that dies is a crash too: Triton 2.51 does not notice a python backend
+stub that crashed (seen: SIGSEGV inside ``triton_python_backend_stub`` under a cancel
+storm on the BLS model guarded_chat), never reaps it, and every request queued for that
+model waits forever. The dead stub stays a zombie child of tritonserver, so a child seen
+dead in two polls in a row makes the supervisor end the server and restart it like any
+other crash (cause ``model stub died``; killed, since a SIGTERM would wait out the exit
+timeout for requests that cannot end): its clients get an error instead of a hang.
+
 An exit with code 0 is a deliberate stop (tritonserver exits 0 after a SIGTERM or
 SIGINT it was sent directly) and is not restarted; neither is anything after
 :meth:`Supervisor.stop`, which is how the launcher's own Ctrl-C / SIGTERM ends it.
@@ -57,6 +65,25 @@ class Supervised(Protocol):
     def wait_ready(self) -> None: ...
 
     def stop(self) -> int | None: ...
+
+
+#: The cause a restart after a dead model stub is logged and counted under.
+STUB_DIED = "model stub died"
+
+
+def dead_children(pid: int, proc: Path = Path("/proc")) -> set[int]:
+    """Children of ``pid`` that have exited and not been reaped (state ``Z``)."""
+    dead = set()
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid …": comm may hold spaces or parentheses itself.
+        state_ppid = text[text.rfind(")") + 2 :].split(maxsplit=2)
+        if len(state_ppid) >= 2 and state_ppid[0] == "Z" and state_ppid[1] == str(pid):
+            dead.add(int(stat.parent.name))
+    return dead
 
 
 def exit_cause(returncode: int) -> str:
@@ -189,6 +216,7 @@ class Supervisor:
     metrics: SupervisorMetrics = field(default_factory=SupervisorMetrics)
     poll_s: float = 2.0
     read_models: Callable[[str], list[str] | None] = served_models
+    find_dead: Callable[[int], set[int]] = dead_children
     log: Callable[[str], None] = _log
     sleep: Callable[[float], None] = time.sleep
     #: Models to load at the next start: the last set seen served.
@@ -214,7 +242,7 @@ class Supervisor:
             if self._stopping or code == 0:
                 return 0
             died = time.monotonic()
-            cause = exit_cause(code)
+            cause = code if isinstance(code, str) else exit_cause(code)
             self.exits.append(cause)
             delay = self.policy.next_delay(died)
             if delay is None:
@@ -231,16 +259,31 @@ class Supervisor:
         self._stopping = True
         self.server.stop()
 
-    def _watch(self) -> int:
-        """Wait for the server to exit, reading its served models every ``poll_s``."""
+    def _watch(self) -> int | str:
+        """Wait for the server to exit (its exit code), reading its served models every
+        ``poll_s``; or end it once a child of it is seen dead twice (:data:`STUB_DIED`).
+        A stub Triton stops on purpose is reaped at once, so one sighting is not enough."""
         process = self.server.process
+        dead: set[int] = set()
         while True:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 return process.wait(timeout=self.poll_s)
             if self._stopping:  # stop() came from another thread while it (re)started
                 self.server.stop()
-            else:
-                self._track_models()
+                continue
+            self._track_models()
+            seen = self.find_dead(process.pid)
+            if still := seen & dead:
+                self.log(
+                    f"{STUB_DIED} (pid {', '.join(map(str, sorted(still)))}): killing "
+                    "tritonserver, whose requests to that model would never end"
+                )
+                # Not SIGTERM: the server would wait its whole exit timeout for them.
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                process.wait()
+                return STUB_DIED
+            dead = seen
 
     def _track_models(self) -> None:
         seen = self.read_models(self.server.grpc_url)

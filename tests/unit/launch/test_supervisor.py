@@ -22,9 +22,11 @@ import requests
 
 from tritonforge.launch.launcher import free_port, session_processes, stop_session
 from tritonforge.launch.supervisor import (
+    STUB_DIED,
     RestartPolicy,
     Supervisor,
     SupervisorMetrics,
+    dead_children,
     exit_cause,
     served_models,
 )
@@ -67,6 +69,7 @@ def supervise(server: StandIn, **settings) -> tuple[Supervisor, list[float]]:
         settings.pop("policy", policy),
         poll_s=0.05,
         read_models=settings.pop("read_models", lambda _url: None),
+        find_dead=settings.pop("find_dead", lambda _pid: set()),
         log=lambda _message: None,
         sleep=delays.append,  # the backoff is recorded, not waited
         **settings,
@@ -237,3 +240,47 @@ def test_the_dead_servers_shared_memory_is_removed() -> None:
 
 def test_a_server_that_does_not_answer_has_no_model_list() -> None:
     assert served_models(f"127.0.0.1:{free_port()}", timeout_s=0.5) is None
+
+
+def test_a_child_dead_in_two_polls_restarts_the_server_as_a_dead_stub() -> None:
+    """A stub Triton never reaps (a crashed one) ends the server; one sighting does not."""
+    sightings = iter([set(), {41}, {42}, {42}])
+    server = StandIn([SERVE, SERVE], models=["a"])
+    supervisor, _delays = supervise(server, find_dead=lambda _pid: next(sightings, set()))
+    supervisor.start()
+    thread, _outcome = in_thread(supervisor)
+    try:
+        wait_for(lambda: len(server.starts) == 2)
+        assert supervisor.exits == [STUB_DIED]  # 41 was seen once, 42 twice
+        assert supervisor.metrics.restarts.labels(cause=STUB_DIED)._value.get() == 1
+        assert not session_processes(server.sessions[0])  # the first server was ended
+    finally:
+        supervisor.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_dead_children_are_the_unreaped_children_of_the_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_for(lambda: child.pid in dead_children(os.getpid()))
+        alive = subprocess.Popen(["sleep", "30"])
+        try:
+            assert alive.pid not in dead_children(os.getpid())
+        finally:
+            alive.kill()
+            alive.wait()
+    finally:
+        child.wait()  # reaped: no longer listed
+    assert child.pid not in dead_children(os.getpid())
+
+
+def test_dead_children_reads_state_and_parent_past_a_comm_with_parentheses(tmp_path: Path) -> None:
+    for pid, comm, state, ppid in [
+        (7, "stub (x) y", "Z", 5),
+        (8, "stub", "S", 5),
+        (9, "z", "Z", 6),
+    ]:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) {state} {ppid} 1 1 0\n")
+    assert dead_children(5, proc=tmp_path) == {7}
