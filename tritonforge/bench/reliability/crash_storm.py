@@ -1,4 +1,4 @@
-"""Crash storm: requests cancelled at chosen moments, counting tritonserver crashes.
+"""Crash storm: requests cancelled at chosen moments, counting crashes (server or stub).
 
 Triton 2.51 died once here (SIGSEGV) right after a client cancelled a gRPC stream, and
 upstream fixed cancellation races after that release (README.md, "Reliability"). This
@@ -44,7 +44,7 @@ import grpc
 from tritonforge.bench.reliability.clients import GrpcStream, grpc_request
 from tritonforge.bench.reliability.models import models_to_load
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
-from tritonforge.launch.supervisor import exit_cause
+from tritonforge.launch.supervisor import STUB_DIED, dead_children, exit_cause
 from tritonforge.openai.triton_client import CHANNEL_ARGS
 from tritonforge.paths import MODEL_REPOSITORY, REPO_ROOT, new_run_dir
 
@@ -208,26 +208,44 @@ async def _client(storm: Storm, patterns: list[str], until: dict[str, float]) ->
 
 
 async def _watch(storm: Storm, stop: asyncio.Event) -> None:
-    """Notice a crash, record it, start the server again, let the clients go on."""
+    """Notice a crash — the server's exit, or a model's stub dead over two polls (2.51
+    never reaps it and its requests would hang: the server is killed, as the launcher
+    does) — record it, start the server again, let the clients go on."""
+    seen_dead: set[int] = set()
     while not stop.is_set():
-        code = storm.server.process.poll() if storm.server.process else None
-        if code is not None:
-            storm.serving.clear()
-            now = time.monotonic()
-            crash = Crash(
-                at_cancels=sum(storm.cancels.values()),
-                cause=exit_cause(code),
-                seconds_into_storm=round(now - storm.started, 1),
-                cancels_in_window=storm.in_window(now),
-                log_tail=log_tail(storm.server.log_path),
-            )
-            storm.crashes.append(crash)
-            print(f"crash storm: tritonserver died ({crash.cause})", file=sys.stderr, flush=True)
-            await asyncio.to_thread(storm.server.stop)
-            await asyncio.to_thread(storm.server.start)
-            await asyncio.to_thread(storm.server.wait_ready)
-            storm.serving.set()
+        process, cause = storm.server.process, None
+        if process is not None:
+            code = process.poll()
+            if code is not None:
+                cause = exit_cause(code)
+            else:
+                dead = dead_children(process.pid)
+                if still := dead & seen_dead:
+                    cause = f"{STUB_DIED} (pid {', '.join(map(str, sorted(still)))})"
+                    process.kill()
+                seen_dead = dead
+        if cause is not None:
+            await _record_and_restart(storm, cause)
+            seen_dead = set()
         await asyncio.sleep(0.1)
+
+
+async def _record_and_restart(storm: Storm, cause: str) -> None:
+    storm.serving.clear()
+    now = time.monotonic()
+    crash = Crash(
+        at_cancels=sum(storm.cancels.values()),
+        cause=cause,
+        seconds_into_storm=round(now - storm.started, 1),
+        cancels_in_window=storm.in_window(now),
+        log_tail=log_tail(storm.server.log_path),
+    )
+    storm.crashes.append(crash)
+    print(f"crash storm: {cause}", file=sys.stderr, flush=True)
+    await asyncio.to_thread(storm.server.stop)
+    await asyncio.to_thread(storm.server.start)
+    await asyncio.to_thread(storm.server.wait_ready)
+    storm.serving.set()
 
 
 async def run_storm(
