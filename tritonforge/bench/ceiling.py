@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,7 +34,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tritonforge.bench.contract import NAME_PATTERN, ContractError, apply_overrides
-from tritonforge.bench.environment import Environment, capture, tritonserver_version
+from tritonforge.bench.environment import (
+    Environment,
+    capture,
+    dirty_files,
+    tritonserver_version,
+)
 from tritonforge.bench.noise import RoundWatch
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
@@ -348,18 +352,6 @@ def run_rounds(
                     flush=True,
                 )
     return rows
-
-
-def dirty_files(root: Path = REPO_ROOT) -> list[str]:
-    """Uncommitted changes of the served tree (the run's code is the tree as it was)."""
-    done = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return [line[3:] for line in done.stdout.splitlines() if line.strip()]
 
 
 def run_ceiling(

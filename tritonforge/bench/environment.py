@@ -153,6 +153,19 @@ def git_state(root: Path = REPO_ROOT) -> tuple[str, bool]:
     return commit, dirty
 
 
+def dirty_files(root: Path = REPO_ROOT) -> list[str]:
+    """Files of the tree with uncommitted changes (at a run's launch: on a shared machine
+    they may be someone else's work, so a record says which, not just that there were)."""
+    done = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [line[3:] for line in done.stdout.splitlines() if line.strip()]
+
+
 def serving_python() -> Path:
     """The interpreter of the venv the launcher puts first on PATH for the server's stubs."""
     from tritonforge.launch.launcher import server_environment

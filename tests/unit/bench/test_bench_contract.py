@@ -20,7 +20,7 @@ def smoke_data() -> dict:
 
 
 #: Contracts another runner reads (``python -m tritonforge.bench ceiling``), checked below.
-CEILING_CONTRACTS = {"serving-ceiling.yaml"}
+CEILING_CONTRACTS = {"serving-ceiling.yaml", "serving-ceiling-per-response.yaml"}
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ import grpc
 import psutil
 
 from tritonforge.bench import noise
+from tritonforge.bench.environment import dirty_files
 from tritonforge.bench.reliability.clients import Clients
 from tritonforge.bench.reliability.crash_recovery import (
     MARGIN_S,
@@ -546,21 +547,6 @@ def report(result: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def dirty_files() -> list[str]:
-    """Files of the tree with uncommitted changes at launch (on a shared machine they may
-    be someone else's work: the record says which, not just that there were some)."""
-    import subprocess
-
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return [line[3:] for line in status.splitlines() if line.strip()]
 
 
 #: The settings the command line may set (``python -m tritonforge.bench storm --help``).
