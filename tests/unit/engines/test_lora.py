@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from tests.adapters import adapter_dir, text
 from tests.fakes import RecordingChannel, RecordingLogger, RecordingMetrics, ScriptedEngine
 from tritonforge.engines.base import EngineOutput
 from tritonforge.engines.lora import LoraAdapter, load_adapters
@@ -18,18 +19,6 @@ from tritonforge.serving.errors import RequestError
 from tritonforge.serving.runtime import RequestRecord, Runtime
 from tritonforge.serving.schema import parse_request
 from tritonforge.triton.metrics import TritonMetrics
-
-
-def text(value: str) -> np.ndarray:
-    return np.array([value.encode()], dtype=np.object_)
-
-
-def adapter_dir(root: Path, name: str, rank: int = 8) -> Path:
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
-    return path
-
 
 # --- multi_lora.json ------------------------------------------------------------------
 

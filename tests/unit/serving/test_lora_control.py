@@ -3,13 +3,13 @@ load makes, multi_lora.json rewritten, and the operations run on the real Runtim
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.adapters import adapter_dir, text
 from tests.fakes import RecordingLogger, RecordingMetrics, ScriptedEngine
 from tritonforge.engines.lora import (
     NO_ADAPTER_AT,
@@ -23,18 +23,6 @@ from tritonforge.engines.lora import (
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.lora_control import AdapterControl, ControlRequest, parse_control
 from tritonforge.serving.runtime import Runtime
-
-
-def text(value: str) -> np.ndarray:
-    return np.array([value.encode()], dtype=np.object_)
-
-
-def adapter_dir(root: Path, name: str, rank: int = 8) -> Path:
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
-    return path
-
 
 # --- the control request ----------------------------------------------------------------
 
