@@ -404,6 +404,25 @@ class OpenAIServer:
         return SSEResponse(events, stream.cancel)
 
 
+def _answer_errors_in_openai_shape(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's error body: ours, the framework's (404, 405) and a
+    bug's (its type only, never request content)."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, error: OpenAIError) -> Response:
+        return error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, error: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        shaped = OpenAIError(error.status_code, str(error.detail), kind)
+        return error_response(shaped)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, error: Exception) -> Response:
+        return error_response(internal(f"internal error ({type(error).__name__})"))
+
+
 def create_app(
     triton_grpc: str,
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
@@ -423,21 +442,7 @@ def create_app(
 
     app = FastAPI(title="tritonforge OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
-
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_request: Request, error: OpenAIError) -> Response:
-        return error_response(error)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, error: StarletteHTTPException) -> Response:
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        shaped = OpenAIError(error.status_code, str(error.detail), kind)
-        return error_response(shaped)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, error: Exception) -> Response:
-        # A bug of ours: say so in OpenAI's shape (the type only, never request content).
-        return error_response(internal(f"internal error ({type(error).__name__})"))
+    _answer_errors_in_openai_shape(app)
 
     @app.get("/health")
     async def health() -> Response:
