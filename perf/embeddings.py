@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from tritonforge.bench.environment import capture, tritonserver_version  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.bench.results import judge  # noqa: E402
+from tritonforge.bench.results import target_row  # noqa: E402
 from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer, server_environment  # noqa: E402
 
@@ -102,18 +102,16 @@ def targets(rows: list[dict], rounds: int, bound: float) -> list[dict]:
         ("32 singles wall / one batch of 32 wall > 1", 1.0, "singles"),
         ("32 concurrent singles wall / one batch of 32 wall (no target)", None, "concurrent"),
     ]
-    out = []
-    for text, threshold, arm in specs:
-        values = [wall(rows, arm, i) / wall(rows, "batch", i) for i in range(rounds)]
-        out.append(
-            {
-                "target": text,
-                "per_round": [round(v, 3) for v in values],
-                "verdict": judge(values, threshold, True, None),
-                "machine_quiet": not noisy,
-            }
+    return [
+        target_row(
+            text,
+            [wall(rows, arm, i) / wall(rows, "batch", i) for i in range(rounds)],
+            threshold,
+            True,
+            not noisy,
         )
-    return out
+        for text, threshold, arm in specs
+    ]
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.bench.results import judge  # noqa: E402
+from tritonforge.bench.results import target_row  # noqa: E402
 from tritonforge.bench.stream_clients import GenerateStreamClient, StreamRecord  # noqa: E402
 from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
@@ -202,18 +202,10 @@ def judge_targets(rows: list[dict], rounds: int, bound: float) -> list[dict]:
          lambda i: pick(rows, "batched", 8, i)["tokens_per_s"]
          / pick(rows, "fifo", 8, i)["tokens_per_s"]),
     ]  # fmt: skip
-    out = []
-    for text, threshold, higher, ratio in specs:
-        values = [ratio(i) for i in range(rounds)]
-        out.append(
-            {
-                "target": text,
-                "per_round": [round(v, 3) for v in values],
-                "verdict": judge(values, threshold, higher, None),
-                "machine_quiet": not noisy,
-            }
-        )
-    return out
+    return [
+        target_row(text, [ratio(i) for i in range(rounds)], threshold, higher, not noisy)
+        for text, threshold, higher, ratio in specs
+    ]
 
 
 def history_tokens(model_dir: Path, opts) -> int:

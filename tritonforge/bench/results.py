@@ -203,6 +203,19 @@ def judge(
     return "inconclusive"
 
 
+def target_row(
+    text: str, values: Sequence[float], threshold: float | None, higher: bool, quiet: bool
+) -> dict[str, Any]:
+    """One target's record in a perf script's results: per-round ratios, the verdict by
+    :func:`judge`, and whether the machine was quiet (the reader weighs the verdict by it)."""
+    return {
+        "target": text,
+        "per_round": [round(v, 3) for v in values],
+        "verdict": judge(values, threshold, higher, None),
+        "machine_quiet": quiet,
+    }
+
+
 def compare(
     spec: Comparison,
     target: TargetResult,
