@@ -87,11 +87,11 @@ def test_required_returns_a_call_of_one_of_the_tools(client) -> None:
     _valid_call(choice.message.tool_calls[0], set(SCHEMAS))
 
 
-def test_the_sdk_tool_loop_completes(client) -> None:
+def _tool_loop(client: openai.OpenAI, model: str) -> None:
     """Call → the tool's answer as a ``tool`` message → a final answer, SDK objects reused."""
     messages: list = list(ASK)
     first = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=64
+        model=model, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=64
     )
     message = first.choices[0].message
     messages.append(message)  # the SDK's own object: content None, tool_calls set
@@ -99,7 +99,7 @@ def test_the_sdk_tool_loop_completes(client) -> None:
         result = {"temperature": 21, "unit": "celsius"}
         messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
     final = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=48
+        model=model, messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=48
     )
     choice = final.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
@@ -108,6 +108,17 @@ def test_the_sdk_tool_loop_completes(client) -> None:
             _valid_call(call, set(SCHEMAS))
     else:
         assert isinstance(choice.message.content, str) and not choice.message.tool_calls
+
+
+def test_the_sdk_tool_loop_completes(client) -> None:
+    _tool_loop(client, MODEL)
+
+
+def test_the_sdk_tool_loop_completes_on_llamacpp(client, triton_server: TritonServer) -> None:
+    """llama.cpp renders the same tool turns with the template shipped beside it."""
+    if not model_ready(triton_server, "llamacpp_model"):
+        pytest.skip("llamacpp_model is not loaded on this machine")
+    _tool_loop(client, "llamacpp_model")
 
 
 def test_a_streamed_call_arrives_as_openai_streams_it(client) -> None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
 
-from tritonforge.engines.config import resolve_paths
+from tritonforge.engines.config import resolve_path, resolve_paths
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter, load_adapters
+from tritonforge.serving.chat import ChatTemplate, Messages, Tools, plain_turns
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
 from tritonforge.serving.schema import GenerateRequest
@@ -71,6 +72,11 @@ class EngineStats:
     waiting_loras: tuple[str, ...] = ()
     #: Adapters one batch can hold (0: the model serves no adapters).
     max_lora: int = 0
+
+
+#: The configuration key, read by the engine core for every engine, naming a model's own
+#: Jinja chat template (a path like the engine's own, relative to the version directory).
+CHAT_TEMPLATE_KEY = "chat_template"
 
 
 @dataclass(frozen=True)
@@ -136,9 +142,11 @@ class Engine(TokenLimits):
         Paths resolve here, the same way for every engine, so a model repository is
         portable between a clone and a container whatever the engine.
         """
-        engine = cls.from_settings(
-            resolve_paths(dict(config), model_dir, cls.config_file.path_keys)
-        )
+        settings = resolve_paths(dict(config), model_dir, cls.config_file.path_keys)
+        template = settings.pop(CHAT_TEMPLATE_KEY, None)
+        engine = cls.from_settings(settings)
+        if template is not None:
+            engine.chat_template = ChatTemplate.load(Path(resolve_path(template, model_dir)))
         adapters = load_adapters(model_dir)
         if adapters:
             engine.serve_adapters(adapters)
@@ -202,9 +210,24 @@ class Engine(TokenLimits):
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """The engine's own tokenizer; used for limits and token-level outputs."""
 
+    #: The model's own chat template (``chat_template`` in its configuration file): it
+    #: renders tool turns and ``tools`` itself. Without one, the tokenizer's template
+    #: renders chats, tool turns flattened into plain turns first.
+    chat_template: ChatTemplate | None = None
+
     @abc.abstractmethod
     def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
-        """Render chat messages with the model's chat template, generation prompt added."""
+        """Render plain chat turns with the tokenizer's own template, generation prompt added."""
+
+    def special_texts(self) -> dict[str, str]:
+        """``bos_token``/``eos_token`` as text, for a configured ``chat_template``."""
+        return {}
+
+    def chat_prompt(self, messages: Messages, tools: Tools) -> str:
+        """A chat as prompt text: the model's ``chat_template`` if it names one."""
+        if self.chat_template is not None:
+            return self.chat_template.render(messages, tools, self.special_texts())
+        return self.render_chat(plain_turns(messages, tools))
 
     @abc.abstractmethod
     def generate(
@@ -241,7 +264,7 @@ class Engine(TokenLimits):
             prepared = PreparedPrompt(token_ids=tuple(ids))
             field_name = "input_ids"
         elif request.messages is not None:
-            text = self.render_chat(request.messages)
+            text = self.chat_prompt(request.messages, request.tools)
             prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=False)), text)
             field_name = "messages"
         else:
@@ -314,6 +337,10 @@ class HFTokenizedEngine(StoredTokenLimits, Engine):
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def special_texts(self) -> dict[str, str]:
+        named = {"bos_token": self._tokenizer.bos_token, "eos_token": self._tokenizer.eos_token}
+        return {k: v for k, v in named.items() if isinstance(v, str)}
 
     def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
         prompt: str = self._tokenizer.apply_chat_template(

@@ -475,6 +475,13 @@ class LlamaCppEngine(Engine):
         )
         return ids
 
+    def special_texts(self) -> dict[str, str]:
+        assert self._llama is not None, "engine not started"
+        return {
+            "bos_token": self._special_text(self._llama.token_bos()),
+            "eos_token": self._special_text(self._llama.token_eos()),
+        }
+
     def render_chat(self, messages: tuple[dict[str, str], ...]) -> str:
         if self._formatter is None:
             raise RequestError("messages", "this GGUF has no chat template; send text_input")

@@ -1,14 +1,14 @@
-"""Tool calling for ``/v1/chat/completions``: checking ``tools``/``tool_choice``,
-writing tool turns into the prompt, and reading calls back out of the model's text.
+"""Tool calling for ``/v1/chat/completions``: checking ``tools``/``tool_choice`` and the
+tool turns of a conversation, and reading calls back out of the model's text.
 
-The model sees the Hermes/Qwen convention as plain chat turns, so any model's chat
-template can render it (SmolLM2's own ignores ``tools`` and rejects a null content):
-the tools' JSON schemas join the system turn, an assistant's call is written as
-``<tool_call>{"name": …, "arguments": …}</tool_call>``, a tool's answer as a user turn
-``<tool_response>…</tool_response>``. ``required`` and a named choice are not left to
-the model: structured output constrains the answer to a call object whose ``name`` is
-one of the allowed tools and whose ``arguments`` follow that tool's schema. ``auto``
-reads the tagged calls out of free text.
+Tool turns and the declared tools go to the model as they are (``{"messages": …,
+"tools": …}``); the model renders them (:mod:`tritonforge.serving.chat`), with its own
+tool-aware ``chat_template`` where it has one. Both renderings use the Hermes/Qwen
+convention this module parses: ``<tool_call>{"name": …, "arguments": …}</tool_call>``.
+``required`` and a named choice are not left to the model: structured output
+constrains the answer to a call object whose ``name`` is one of the allowed tools and
+whose ``arguments`` follow that tool's schema. ``auto`` reads the tagged calls out of
+free text.
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ from jsonschema import Draft202012Validator, SchemaError
 from tritonforge.openai.errors import invalid
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-_SYSTEM = (
-    "You may call functions to answer. The functions, as JSON schemas:\n{tools}\n"
-    'To call one, answer with <tool_call>{{"name": <function name>, '
-    '"arguments": <arguments object>}}</tool_call> and nothing else.'
-)
 
 
 @dataclass(frozen=True)
@@ -55,10 +50,9 @@ class ToolPlan:
     def active(self) -> bool:
         return self.mode != "none"
 
-    def system_text(self) -> str:
-        """The tools as the system turn lists them."""
-        listed = [{"type": "function", "function": f} for f in self.functions.values()]
-        return _SYSTEM.format(tools=json.dumps(listed, ensure_ascii=False))
+    def declared(self) -> list[dict[str, Any]]:
+        """The tools as the model receives them (OpenAI's ``tools`` entries)."""
+        return [{"type": "function", "function": f} for f in self.functions.values()]
 
     def structured(self) -> dict[str, Any]:
         """The JSON schema a forced answer is generated against: one call object."""
@@ -133,11 +127,11 @@ def plan(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
     return ToolPlan(functions, "forced", (name,))
 
 
-def assistant_text(where: str, content: str | None, calls: Any) -> str:
-    """An assistant turn that made calls, written the way the model writes them."""
+def assistant_calls(where: str, calls: Any) -> list[dict[str, Any]]:
+    """An assistant turn's ``tool_calls`` checked, arguments parsed into objects."""
     if not isinstance(calls, list) or not calls:
         raise invalid(f"{where}.tool_calls: must be a non-empty list", "messages")
-    parts = [content] if content else []
+    checked = []
     for i, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -146,21 +140,22 @@ def assistant_text(where: str, content: str | None, calls: Any) -> str:
         try:
             parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
         except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
             raise invalid(
-                f"{where}.tool_calls[{i}].function.arguments: not valid JSON", "messages"
-            ) from None
-        written = json.dumps({"name": function["name"], "arguments": parsed}, ensure_ascii=False)
-        parts.append(f"<tool_call>{written}</tool_call>")
-    return "\n".join(parts)
+                f"{where}.tool_calls[{i}].function.arguments: must be a JSON object", "messages"
+            )
+        entry = {"type": "function", "function": {"name": function["name"], "arguments": parsed}}
+        checked.append({"id": call["id"], **entry} if isinstance(call.get("id"), str) else entry)
+    return checked
 
 
-def tool_result_text(where: str, content: str | None, call_id: Any) -> str:
-    """A ``tool`` turn: the result of the call it names, as the model reads it."""
+def check_tool_result(where: str, content: str | None, call_id: Any) -> None:
+    """A ``tool`` turn names the call it answers and carries its result."""
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{where}.tool_call_id: required for a tool message", "messages")
     if content is None:
         raise invalid(f"{where}.content: required", "messages")
-    return f"<tool_response>{content}</tool_response>"
 
 
 def _call(obj: Any, plan_: ToolPlan) -> ToolCall | None:

@@ -209,12 +209,13 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def _message(index: int, message: ChatMessage) -> dict[str, str]:
+def _message(index: int, message: ChatMessage) -> dict[str, Any]:
+    """One message as the model's ``messages`` input takes it; tool turns keep their shape."""
     where = f"messages[{index}]"
     extras = message.model_extra or {}
     if extras.get("function_call"):
         raise invalid(f"{where}.function_call: not supported; use tool_calls", "messages")
-    role = "user" if message.role == "tool" else _ROLES.get(message.role)
+    role = "tool" if message.role == "tool" else _ROLES.get(message.role)
     if role is None:
         raise invalid(
             f"{where}.role: must be one of {', '.join(_ROLES)}, tool; got {message.role!r}",
@@ -225,13 +226,14 @@ def _message(index: int, message: ChatMessage) -> dict[str, str]:
         if any(part.type != "text" or part.text is None for part in content):
             raise invalid(f"{where}.content: only text parts are supported", "messages")
         content = "".join(part.text or "" for part in content)
-    if message.role == "tool":
-        content = tools.tool_result_text(where, content, extras.get("tool_call_id"))
+    result: dict[str, Any] = {"role": role, "content": content}
+    if role == "tool":
+        tools.check_tool_result(where, content, extras.get("tool_call_id"))
+        result["tool_call_id"] = extras["tool_call_id"]
     elif role == "assistant" and extras.get("tool_calls"):
-        content = tools.assistant_text(where, content, extras["tool_calls"])
-    if content is None:
+        result["tool_calls"] = tools.assistant_calls(where, extras["tool_calls"])
+    elif content is None:
         raise invalid(f"{where}.content: required", "messages")
-    result = {"role": role, "content": content}
     if message.name:
         result["name"] = message.name
     return result
@@ -262,9 +264,10 @@ def chat_request(
         sampling["max_tokens"] = requested
     elif defaulted:
         sampling["max_tokens"] = default_max_tokens
-    messages = [_message(i, m) for i, m in enumerate(body.messages)]
+    messages: Any = [_message(i, m) for i, m in enumerate(body.messages)]
     if plan is not None and plan.active:
-        _plan_tools(plan, messages, sampling)
+        messages = {"messages": messages, "tools": plan.declared()}
+        _constrain(plan, sampling)
     return TritonRequest(
         "messages",
         json.dumps(messages, ensure_ascii=False),
@@ -276,14 +279,8 @@ def chat_request(
     )
 
 
-def _plan_tools(
-    plan: tools.ToolPlan, messages: list[dict[str, str]], sampling: dict[str, Any]
-) -> None:
-    """List the tools in the system turn; constrain a forced answer to a call object."""
-    if messages[0]["role"] == "system":
-        messages[0]["content"] = f"{messages[0]['content']}\n\n{plan.system_text()}"
-    else:
-        messages.insert(0, {"role": "system", "content": plan.system_text()})
+def _constrain(plan: tools.ToolPlan, sampling: dict[str, Any]) -> None:
+    """A forced answer (``required`` or a named tool) is generated as one call object."""
     if plan.mode == "forced":
         if "structured_outputs" in sampling:
             raise invalid(

@@ -103,6 +103,20 @@ class GuardedInputs:
     echo: str = ""
 
 
+def _redact_tree(value: Any) -> tuple[Any, list[Finding]]:
+    """Every string inside ``value`` (a call's arguments) redacted, the JSON kept valid."""
+    if isinstance(value, str):
+        return redact(value)
+    found: list[Finding] = []
+    if isinstance(value, list | dict):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        parts = {key: _redact_tree(item) for key, item in items}
+        found = [f for _, more in parts.values() for f in more]
+        kept = {key: part for key, (part, _) in parts.items()}
+        return (kept if isinstance(value, dict) else list(kept.values())), found
+    return value, found
+
+
 def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> GuardedInputs:
     """Redact the prompt and build the inner (always streamed) request's tensors.
 
@@ -126,10 +140,16 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
     if request.messages is not None:
         messages = []
         for index, message in enumerate(request.messages):
-            content, found = redact(message["content"])
+            content, found = redact(message["content"] or "")
             findings += [{**asdict(f), "message": index} for f in found]
-            messages.append({**message, "content": content})
-        tensors["messages"] = text_tensor(json.dumps(messages))
+            kept = None if message["content"] is None else content  # null beside tool_calls
+            calls, found = _redact_tree(message.get("tool_calls"))
+            findings += [{**asdict(f), "message": index} for f in found]
+            messages.append(
+                {**message, "content": kept, **({"tool_calls": calls} if calls else {})}
+            )
+        chat = {"messages": messages, "tools": list(request.tools)}
+        tensors["messages"] = text_tensor(json.dumps(chat if request.tools else messages))
     else:
         assert request.prompt is not None
         text, found = redact(request.prompt)

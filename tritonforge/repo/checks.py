@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tritonforge.engines.base import CHAT_TEMPLATE_KEY
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE
 from tritonforge.repo import pbtxt
 from tritonforge.repo.engines import BY_BACKEND, EngineSpec, KnownArgs, is_installed, known_args
 from tritonforge.repo.paths import resolve
 from tritonforge.serving.admission import AdmissionSettings, model_defaults
+from tritonforge.serving.chat import ChatTemplate
 from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.restarts import RestartPolicy
 
@@ -256,7 +258,24 @@ def _check_llm(
             report.error(str(exc).replace("model.yaml", where))
     _check_model_path(repo, version, where, settings, spec, report)
     _check_engine_args(repo, where, settings, spec, report)
+    _check_chat_template(repo, version, where, settings, report)
     _check_lora(repo, version, settings, spec, report)
+
+
+def _check_chat_template(
+    repo: Repository, version: Path, where: str, settings: Mapping[str, Any], report: ModelReport
+) -> None:
+    """A ``chat_template`` the engine core would fail to load fails the check instead."""
+    value = settings.get(CHAT_TEMPLATE_KEY)
+    if value is None:
+        return
+    if not isinstance(value, str):
+        report.error(f"{where}: {CHAT_TEMPLATE_KEY}: must be a path to a Jinja file")
+        return
+    try:
+        ChatTemplate.load(resolve(value, version, repo.env))
+    except (OSError, ValueError) as exc:
+        report.error(f"{where}: {CHAT_TEMPLATE_KEY}: {exc}")
 
 
 def _check_model_path(
@@ -316,7 +335,7 @@ def _check_engine_args(
     if isinstance(known, str):
         report.note(f"engine arguments not checked: {known}")
         return
-    for key in sorted(set(settings) - spec.file_keys - known.names):
+    for key in sorted(set(settings) - spec.file_keys - known.names - {CHAT_TEMPLATE_KEY}):
         close = difflib.get_close_matches(key, sorted(known.names), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         report.error(

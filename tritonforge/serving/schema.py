@@ -9,7 +9,6 @@ names the input or key it concerns.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tritonforge.serving.chat import Messages, Tools, parse_chat
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import (
     SamplingParams,
@@ -27,7 +27,6 @@ from tritonforge.serving.sampling import (
 )
 
 PROMPT_INPUTS = ("text_input", "messages", "input_ids")
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Parameters that Triton's frontends use for transport; they are not sampling keys.
 TRANSPORT_PARAMETERS = frozenset(
     {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
@@ -54,7 +53,9 @@ class GenerateRequest:
     """A validated generation request; exactly one of the three prompt forms is set."""
 
     prompt: str | None = None
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: Messages | None = None
+    #: The functions a chat request declares (``{"messages": …, "tools": …}``).
+    tools: Tools = ()
     prompt_ids: tuple[int, ...] | None = None
     stream: bool = False
     prepend_input: bool = False
@@ -87,32 +88,6 @@ def _flag(name: str, array: npt.NDArray[Any]) -> bool:
     raise RequestError(name, f"expected a BOOL tensor, got {array.dtype}")
 
 
-def _messages(raw: str) -> tuple[dict[str, str], ...]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise RequestError("messages", f"is not valid JSON ({exc.msg})") from None
-    if isinstance(value, dict) and "messages" in value:
-        value = value["messages"]  # accept an OpenAI request body's wrapper too
-    if not isinstance(value, list) or not value:
-        raise RequestError("messages", "must be a non-empty JSON list of {role, content} objects")
-    result = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise RequestError(where, "must be an object with role and content")
-        role, content = message.get("role"), message.get("content")
-        if role not in CHAT_ROLES:
-            raise RequestError(f"{where}.role", f"must be one of {CHAT_ROLES}, got {role!r}")
-        if not isinstance(content, str):
-            raise RequestError(f"{where}.content", "must be a string")
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise RequestError(f"{where}.{extra[0]}", "unknown key; use role, content, name")
-        result.append({k: v for k, v in message.items() if k in ("role", "content", "name")})
-    return tuple(result)
-
-
 def _token_ids(array: npt.NDArray[Any]) -> tuple[int, ...]:
     if array.dtype.kind not in "iu":
         raise RequestError("input_ids", f"expected INT32 or INT64 token ids, got {array.dtype}")
@@ -124,7 +99,7 @@ def _token_ids(array: npt.NDArray[Any]) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
-_Prompt = tuple[str | None, tuple[dict[str, str], ...] | None, tuple[int, ...] | None]
+_Prompt = tuple[str | None, tuple[Messages, Tools] | None, tuple[int, ...] | None]
 
 
 def parse_request(
@@ -146,7 +121,7 @@ def parse_request(
     The parts are read in a fixed order (prompt, echo, returns, sampling), so a request
     with several mistakes always reports the same one first.
     """
-    prompt, messages, prompt_ids = _prompt(inputs)
+    prompt, chat, prompt_ids = _prompt(inputs)
     stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
     returns = _returns(inputs, token_level=prompt_ids is not None)
     sampling = _sampling(
@@ -154,7 +129,8 @@ def parse_request(
     )
     return GenerateRequest(
         prompt=prompt,
-        messages=messages,
+        messages=chat[0] if chat else None,
+        tools=chat[1] if chat else (),
         prompt_ids=prompt_ids,
         stream=stream,
         prepend_input=prepend_input,
@@ -177,7 +153,7 @@ def _prompt(inputs: Mapping[str, npt.NDArray[Any]]) -> _Prompt:
             raise RequestError("text_input", "must not be empty")
         return prompt, None, None
     if "messages" in inputs:
-        return None, _messages(_text("messages", inputs["messages"])), None
+        return None, parse_chat(_text("messages", inputs["messages"])), None
     return None, None, _token_ids(inputs["input_ids"])
 
 

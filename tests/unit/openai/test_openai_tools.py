@@ -35,23 +35,25 @@ BAD = {"type": "object", "properties": {"a": {"type": 5}}}
 NAMED = {"type": "function", "function": {"name": "weather"}}
 
 
-def messages(request: Any) -> list[dict[str, str]]:
+def sent(request: Any) -> Any:
     return json.loads(request.prompt)
 
 
-def test_tools_join_the_system_turn_as_json_schemas() -> None:
+def test_tools_go_to_the_model_beside_the_messages() -> None:
     request = chat(tools=TOOLS)
-    system = messages(request)[0]
-    assert system["role"] == "system" and json.dumps(PARAMS) in system["content"]
+    body = sent(request)
+    assert body["messages"] == USER
+    assert [t["function"]["name"] for t in body["tools"]] == ["weather", "time"]
+    assert body["tools"][0] == {
+        "type": "function",
+        "function": {"name": "weather", "parameters": PARAMS},
+    }
     assert "structured_outputs" not in request.sampling  # auto: free text, parsed after
-    with_system = chat(tools=TOOLS, messages=[{"role": "system", "content": "Be brief."}, *USER])
-    assert messages(with_system)[0]["content"].startswith("Be brief.\n\n")
-    assert len(messages(with_system)) == 2
 
 
 def test_none_leaves_tools_out_of_the_prompt() -> None:
     request = chat(tools=TOOLS, tool_choice="none")
-    assert messages(request) == USER and request.tools is None
+    assert sent(request) == USER and request.tools is None
 
 
 def test_a_named_choice_constrains_the_answer_to_that_call() -> None:
@@ -62,19 +64,17 @@ def test_a_named_choice_constrains_the_answer_to_that_call() -> None:
     assert names == ["weather", "time"]
 
 
-def test_assistant_calls_and_tool_results_are_written_as_the_model_writes_them() -> None:
+def test_assistant_calls_and_tool_results_keep_their_structure() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
     history = [
         *USER,
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
     ]
-    written = messages(chat(tools=TOOLS, messages=history))
-    assert written[2] == {
-        "role": "assistant",
-        "content": '<tool_call>{"name": "weather", "arguments": {}}</tool_call>',
-    }
-    assert written[3] == {"role": "user", "content": "<tool_response>21 C</tool_response>"}
+    written = sent(chat(tools=TOOLS, messages=history))["messages"]
+    parsed = {**call, "function": {"name": "weather", "arguments": {}}}
+    assert written[1] == {"role": "assistant", "content": None, "tool_calls": [parsed]}
+    assert written[2] == {"role": "tool", "content": "21 C", "tool_call_id": "c1"}
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,9 @@ def test_assistant_calls_and_tool_results_are_written_as_the_model_writes_them()
         ({"tool_choice": "required"}, "tool_choice", "requires tools"),
         ({"messages": [*USER, {"role": "tool", "content": "1"}]}, "messages",
          "messages[1].tool_call_id"),
+        ({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+         "messages", "messages[1].tool_calls[0].function.arguments: must be a JSON object"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
          "response_format", "cannot be combined"),
     ],

@@ -226,3 +226,28 @@ def test_token_level_outputs_are_refused_naming_the_flag(name: str) -> None:
         guard_inputs(parse_request(inputs), {})
     inputs[name] = np.array([False])
     guard_inputs(parse_request(inputs), {})  # asked not to: fine
+
+
+def test_tool_calls_are_redacted_and_tools_relayed() -> None:
+    call = {
+        "type": "function",
+        "function": {"name": "mail", "arguments": '{"to": "ann@example.com", "n": 2}'},
+    }
+    tools = [{"type": "function", "function": {"name": "mail"}}]
+    chat = {
+        "messages": [
+            {"role": "user", "content": "Mail Ann"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sent to ann@example.com"},
+        ],
+        "tools": tools,
+    }
+    inputs = {"messages": np.array([json.dumps(chat).encode()], dtype=np.object_)}
+    guarded = guard_inputs(parse_request(inputs), {})
+    sent = json.loads(guarded.tensors["messages"][0])
+    assert sent["tools"] == tools
+    assistant, tool = sent["messages"][1:]
+    assert assistant["content"] is None
+    assert assistant["tool_calls"][0]["function"]["arguments"] == {"to": "[EMAIL]", "n": 2}
+    assert tool == {"role": "tool", "content": "sent to [EMAIL]", "tool_call_id": "c1"}
+    assert [(f["type"], f["message"]) for f in guarded.findings] == [("email", 1), ("email", 2)]

@@ -437,3 +437,18 @@ def known_synthetic(engine: str) -> KnownArgs:
     from tritonforge.repo.engines import known_args
 
     return known_args(engine)
+
+
+def test_chat_template_must_load(repo, repo_env) -> None:
+    version = repo / "gguf" / "1"
+    settings = json.loads((version / "model.json").read_text())
+    write_json(version / "model.json", {**settings, "chat_template": "chat.jinja"})
+    [missing] = errors(repo, repo_env, "gguf")
+    assert (
+        missing.startswith("1/model.json: chat_template: chat_template ") and "missing" in missing
+    )
+    (version / "chat.jinja").write_text("{{ messages[0].content }}\n{% if %}")
+    [broken] = errors(repo, repo_env, "gguf")
+    assert broken.startswith("1/model.json: chat_template: chat.jinja: line 2: Expected")
+    (version / "chat.jinja").write_text("{{ messages[0].content }}")
+    assert errors(repo, repo_env, "gguf") == []
