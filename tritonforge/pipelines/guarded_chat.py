@@ -32,7 +32,12 @@ from tritonforge.pipelines.guard import Finding, StreamGuard, findings_json, red
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.responses import text_tensor
-from tritonforge.serving.schema import TRANSPORT_PARAMETERS, GenerateRequest, ReturnFlags
+from tritonforge.serving.schema import (
+    TRANSPORT_PARAMETERS,
+    GenerateRequest,
+    ReturnFlags,
+    parse_request,
+)
 
 
 @dataclass(frozen=True)
@@ -120,9 +125,6 @@ def _redact_tree(value: Any) -> tuple[Any, list[Finding]]:
 def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> GuardedInputs:
     """Redact the prompt and build the inner (always streamed) request's tensors.
 
-    Sampling keys given as request parameters are folded into the inner request's
-    ``sampling_parameters`` JSON (the tensor wins on a clash, as in the schema), so
-    ``/generate`` clients and tensor clients reach the LLM with the same settings.
     The relayed ``return_*`` flags go to the inner model; token-level ones are refused.
     """
     for name in TOKEN_RETURNS:
@@ -237,6 +239,35 @@ class GuardedChat:
         self.request_id = request_id
         self.board = board
         self.cancellation_poll_s = cancellation_poll_s
+
+    @classmethod
+    def from_inputs(
+        cls,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        parameters: Mapping[str, Any],
+        request_id: str,
+        board: CancelBoard,
+        inner_name: str = "vllm_model",
+        cancellation_poll_s: float = 0.1,
+    ) -> GuardedChat:
+        """A client's request, as the Triton model receives it, ready to run.
+
+        Validated (a :class:`RequestError` names the field) and the prompt redacted
+        (:func:`guard_inputs`). Sampling keys given as request parameters are folded into
+        the inner request's ``sampling_parameters`` JSON (the tensor wins on a clash, as in
+        the schema), so ``/generate`` clients and tensor clients reach the LLM with the
+        same settings. Here rather than in the model so the unit tests build a run the
+        way the model does.
+        """
+        request = parse_request(inputs, parameters)
+        guarded = guard_inputs(request, parameters)
+        tensor_json = None
+        if "sampling_parameters" in inputs:
+            tensor_json = inputs["sampling_parameters"].reshape(-1)[0].decode("utf-8")
+        sampling = sampling_json(parameters, tensor_json)
+        if sampling is not None:
+            guarded.tensors["sampling_parameters"] = np.array([sampling.encode()], dtype=np.object_)
+        return cls(request, guarded, request_id, board, inner_name, cancellation_poll_s)
 
     def run(self, inner: InnerCall, outbox: Outbox) -> str:
         """Relay the inner stream, guarded; returns the outcome for logs and metrics.

@@ -28,12 +28,9 @@ from tritonforge.pipelines.guarded_chat import (
     GuardedChat,
     InnerError,
     InnerEvent,
-    guard_inputs,
-    sampling_json,
 )
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import EngineBusy, RequestError
-from tritonforge.serving.schema import parse_request
 from tritonforge.triton.model import triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -150,20 +147,10 @@ class TritonPythonModel:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 raw = request.parameters()
                 parameters = json.loads(raw) if isinstance(raw, str) and raw else {}
-                parsed = parse_request(inputs, parameters)
-                guarded = guard_inputs(parsed, parameters)
-                tensor_json = None
-                if "sampling_parameters" in inputs:
-                    tensor_json = inputs["sampling_parameters"].reshape(-1)[0].decode("utf-8")
-                sampling = sampling_json(parameters, tensor_json)
-                if sampling is not None:
-                    guarded.tensors["sampling_parameters"] = np.array(
-                        [sampling.encode()], dtype=np.object_
-                    )
                 self._start(
-                    GuardedChat(
-                        parsed,
-                        guarded,
+                    GuardedChat.from_inputs(
+                        inputs,
+                        parameters,
                         f"guarded_chat-{uuid.uuid4().hex}",  # for the board: workaround W1
                         self.board,
                         self.inner_model,

@@ -50,8 +50,7 @@ def _chat(prompt: str, board: CancelBoard, stream: bool = True, **flags: bool) -
         "stream": np.array([stream]),
         **{name: np.array([value]) for name, value in flags.items()},
     }
-    request = parse_request(inputs)
-    return GuardedChat(request, guard_inputs(request, {}), "rid-1", board, cancellation_poll_s=0)
+    return GuardedChat.from_inputs(inputs, {}, "rid-1", board, cancellation_poll_s=0)
 
 
 @pytest.fixture
@@ -145,6 +144,18 @@ def test_sampling_parameters_merge_request_parameters_and_tensor() -> None:
     merged = sampling_json({"max_tokens": 5, "timeout": 3}, '{"temperature": 0}')
     assert json.loads(merged) == {"max_tokens": 5, "temperature": 0}
     assert sampling_json({}, None) is None
+
+
+def test_the_inner_request_carries_both_sampling_channels_as_one_tensor(board) -> None:
+    inputs = {
+        "text_input": np.array([b"hi"], dtype=np.object_),
+        "sampling_parameters": np.array([b'{"temperature": 0}'], dtype=np.object_),
+    }
+    parameters = {"max_tokens": 5, "temperature": 1, "timeout": 3}
+    chat = GuardedChat.from_inputs(inputs, parameters, "rid-1", board)
+    sent = chat.inputs.tensors["sampling_parameters"][0]
+    assert json.loads(sent) == {"max_tokens": 5, "temperature": 0}
+    assert "sampling_parameters" not in _chat("hi", board).inputs.tensors
 
 
 def test_cancel_board_marks_clears_and_tidies(tmp_path: Path) -> None:
