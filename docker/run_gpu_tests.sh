@@ -33,7 +33,7 @@ shift
 
 cd /opt/tritonforge
 python3 -m tritonforge.launch.model_store  # converts the GGUF once into the mounted volume
-log=/tmp/tritonserver.log
+log=$(mktemp --suffix=.tritonserver.log)
 tritonserver --model-repository=/opt/tritonforge/model_repository \
     --model-control-mode=explicit --load-model="$MODEL" \
     --http-port=8000 --grpc-port=8001 --metrics-port=8002 >"$log" 2>&1 &
