@@ -151,6 +151,10 @@ def _rpc_error(error: grpc.aio.AioRpcError, model: str, url: str) -> OpenAIError
     return from_triton(error.details() or str(code), model)
 
 
+#: How long a call may take to end after its final response before it is cancelled.
+CALL_END_TIMEOUT_S = 5.0
+
+
 class TritonStream:
     """The model's responses to one request; :meth:`cancel` ends it in Triton too.
 
@@ -181,13 +185,37 @@ class TritonStream:
             raise _rpc_error(exc, self._model, self._url) from None
         if error is not None:
             self._done = True
+            await self._read_to_end()
             mapped = from_triton(error.message(), self._model)
             if mapped.status == 404 or "unexpected inference input" in mapped.message:
                 self._on_gone(self._model)  # unloaded or reconfigured: read its config again
             raise mapped
         output = parse_response(result.get_response())
-        self._done = output.final
+        if output.final:
+            self._done = True
+            await self._read_to_end()
         return output
+
+    async def _read_to_end(self) -> None:
+        """Read the call past its last response, to its status (which Triton sends at once).
+
+        A call left waiting after its last response is held in a reference cycle by its
+        own response reader: the call, its two tasks and gRPC core's memory for it then
+        live until the cyclic garbage collector runs, thousands of requests later. Read
+        to its end, it is freed with the request. A call that does not end promptly is
+        cancelled.
+        """
+        ended = False
+        try:
+            async with asyncio.timeout(CALL_END_TIMEOUT_S):
+                await self._call.__anext__()
+        except StopAsyncIteration:
+            ended = True
+        except (grpc.aio.AioRpcError, TimeoutError):
+            pass
+        finally:
+            if not ended:
+                self._call.cancel()
 
     def cancel(self) -> None:
         """Cancel the gRPC call: Triton cancels the request, the engine aborts it."""
