@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonforge.engines.config import load_engine_config, resolve_paths
 from tritonforge.engines.lora import LoraAdapter, load_adapters
-from tritonforge.launch.launcher import OpenAIFrontend, server_environment
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer, server_environment
 
 
 def bytes_input(name: str, value: str | bytes) -> grpcclient.InferInput:
@@ -226,6 +226,27 @@ def openai_frontend(grpc_url: str, log_path: Path) -> Iterator[OpenAIFrontend]:
         yield service
     finally:
         service.stop()
+
+
+def own_server_frontend(label: str) -> Any:
+    """A module-scoped fixture: the OpenAI frontend in front of the module's own ``server``.
+
+    A module whose models run on a server of their own (OWN_SERVER_MODELS) binds it to
+    the name its tests ask for (``openai = own_server_frontend("lora")``). Pytest resolves
+    ``server`` in that module, so the frontend starts after the module's server and stops
+    before it, as a fixture written out in the module would; its log lands in a
+    ``<label>-openai`` temporary directory.
+    """
+
+    @pytest.fixture(scope="module")
+    def frontend(
+        server: TritonServer, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[OpenAIFrontend]:
+        log = tmp_path_factory.mktemp(f"{label}-openai") / "openai.log"
+        with openai_frontend(server.grpc_url, log) as service:
+            yield service
+
+    return frontend
 
 
 def served_engine_settings(

@@ -21,7 +21,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import model_ready, openai_frontend, served_engine_settings
+from tests.e2e.client import model_ready, own_server_frontend, served_engine_settings
 from tests.e2e.readme_examples import Addresses, blocks, models, run_block
 from tritonforge.launch.launcher import MODEL_REPOSITORY, OpenAIFrontend, TritonServer
 
@@ -106,11 +106,7 @@ def offline(offline_run: subprocess.Popen[str]) -> dict:
     return result
 
 
-@pytest.fixture(scope="module")
-def frontend(server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("embedding-openai") / "openai.log"
-    with openai_frontend(server.grpc_url, log) as service:
-        yield service
+frontend = own_server_frontend("embedding")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from tests.e2e.client import (
     generate,
     llm_inputs,
     metric,
-    openai_frontend,
+    own_server_frontend,
     run_reference,
     served_engine_settings,
     stream,
@@ -66,12 +66,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield own
 
 
-@pytest.fixture(scope="module")
-def openai(server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
-    """The OpenAI frontend in front of this module's server (the adapter routes)."""
-    log = tmp_path_factory.mktemp("lora-openai") / "openai.log"
-    with openai_frontend(server.grpc_url, log) as service:
-        yield service
+#: The OpenAI frontend in front of this module's server (the adapter routes).
+openai = own_server_frontend("lora")
 
 
 OFFLINE = """

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from tests.e2e.client import generate, llm_inputs, metric, openai_frontend, stream
+from tests.e2e.client import generate, llm_inputs, metric, own_server_frontend, stream
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 MODEL = "vllm_slo_model"
@@ -38,11 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield own
 
 
-@pytest.fixture(scope="module")
-def openai(server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("slo-openai") / "openai.log"
-    with openai_frontend(server.grpc_url, log) as service:
-        yield service
+openai = own_server_frontend("slo")
 
 
 def refused(server: TritonServer) -> float:
