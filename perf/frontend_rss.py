@@ -107,6 +107,24 @@ def pymalloc_stats() -> dict[str, int]:
     return found
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def malloc_in_use() -> dict[str, int]:
+    """glibc's own account (``mallinfo2``, every arena): bytes handed out and not freed,
+    and bytes free inside its heaps. In use growing is memory someone holds (a leak in C
+    if Python's allocators are flat); free growing with RSS is fragmentation."""
+    info = ctypes.CDLL("libc.so.6").mallinfo2
+    info.restype = _MallInfo2
+    got = info()
+    return {"in_use_bytes": got.uordblks + got.hblkhd, "free_in_heaps_bytes": got.fordblks}
+
+
 def probe(directory: Path) -> None:
     """One checkpoint, written as ``<n>.json`` (and ``<n>.snapshot`` when tracing): RSS
     before and after a full collection, the live gc-tracked objects by type, the asyncio
@@ -127,6 +145,7 @@ def probe(directory: Path) -> None:
         "gc_garbage": len(gc.garbage),
         "tasks": len(asyncio.all_tasks(loop)) if loop is not None else None,
         "pymalloc": pymalloc_stats(),
+        "malloc": malloc_in_use(),
         "objects": sum(types.values()),
         "types": dict(types.most_common(400)),
         "classes": dict(classes.most_common(20)),
@@ -470,7 +489,7 @@ def _short(filename: str) -> str:
 
 PROBE_KEYS = (
     "label", "ended", "rss_before_gc", "rss_after_gc", "objects", "tasks", "gc_garbage",
-    "traced_bytes", "rss_after_trim", "pymalloc",
+    "traced_bytes", "rss_after_trim", "pymalloc", "malloc",
 )  # fmt: skip
 
 
@@ -580,8 +599,9 @@ def _rss_lines(result: dict[str, Any], every: int) -> list[str]:
 def _probe_lines(result: dict[str, Any]) -> list[str]:
     rows = [
         "| probe | requests ended | RSS before gc (MiB) | after gc | after trim | pymalloc "
-        "arenas (MiB) | in live blocks (MiB) | gc objects | tasks | traced |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "arenas (MiB) | in live blocks (MiB) | glibc in use (MiB) | glibc free (MiB) | "
+        "gc objects | tasks | traced |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in result["probes_table"]:
         cells = [p["label"], p["ended"]]
@@ -590,6 +610,9 @@ def _probe_lines(result: dict[str, Any]) -> list[str]:
         arenas = p.get("pymalloc") or {}
         for key in ("arena_bytes", "bytes_in_blocks"):
             cells.append(f"{arenas[key] / MiB:.1f}" if key in arenas else "–")
+        glibc = p.get("malloc") or {}
+        for key in ("in_use_bytes", "free_in_heaps_bytes"):
+            cells.append(f"{glibc[key] / MiB:.1f}" if key in glibc else "–")
         cells += [p["objects"], p["tasks"]]
         cells.append(f"{p['traced_bytes'] / MiB:.2f} MiB" if p.get("traced_bytes") else "–")
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
