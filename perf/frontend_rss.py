@@ -55,6 +55,7 @@ from tritonforge.bench.environment import (  # noqa: E402
     describe_code,
     describe_machine,
     dirty_files,
+    serving_versions,
     tritonserver_version,
 )
 from tritonforge.launch.launcher import (  # noqa: E402
@@ -336,7 +337,7 @@ async def restart(run: Run, server: TritonServer, down_s: float, cause: str) -> 
     """SIGKILL tritonserver, leave it down ``down_s`` under load, then start a new one on
     the same ports: the frontend must find it."""
     assert server.process is not None
-    regions = shm_regions(server.process.pid)
+    regions = set().union(*(shm_regions(p.pid) for p in server.group_processes()))
     killed, ended = run.at(), run.ended
     server.process.kill()
     run.triton_up = False
@@ -549,6 +550,10 @@ def start_frontend(
     raise TimeoutError("the frontend did not get ready")
 
 
+#: What the frontend's memory depends on beyond the serving packages the environment names.
+FRONTEND_PACKAGES = ("grpcio", "uvicorn", "uvloop", "httptools", "fastapi", "starlette", "pydantic")
+
+
 def measure(s: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Start tritonserver and the frontend, drive the load, stop both; the record."""
     overrides = json.loads(s.engine_overrides)
@@ -580,6 +585,7 @@ def measure(s: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
     result |= {"rss_samples": run.samples, "outcomes": dict(sorted(run.outcomes.items()))}
     result |= {"tritonserver": version, "engine_overrides": overrides, "sent": run.sent}
+    result["frontend_versions"] = serving_versions(FRONTEND_PACKAGES)
     result["settings"] = vars(s)
     summarise(result, probes)
     return result
@@ -663,7 +669,11 @@ def report(result: dict[str, Any]) -> str:
     lines += [
         f"Machine: {describe_machine(env.machine)}.",
         f"Code: {describe_code(env)}. Server: {result['tritonserver']}.",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items()) + ".",
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in env.serving_versions.items())
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in result.get("frontend_versions", {}).items())
+        + ".",
         f"Uncommitted files at launch: {', '.join(result['dirty_files']) or 'none'}.",
         "",
     ]

@@ -269,9 +269,10 @@ def _recorded(path: Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
-def serving_versions() -> dict[str, str]:
+def serving_versions(packages: tuple[str, ...] = SERVING_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``packages`` and Python's (the serving venv's, when run by it)."""
     found = {"python": sys.version.split()[0]}
-    for name in SERVING_PACKAGES:
+    for name in packages:
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
