@@ -21,6 +21,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.engines.base import CHAT_TEMPLATE_KEY
 from tritonforge.engines.config import load_engine_config, resolve_paths
 from tritonforge.engines.lora import LoraAdapter, load_adapters
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer, server_environment
@@ -257,6 +258,10 @@ def served_engine_settings(
     run must use."""
     env = server_environment()
     config = load_engine_config(version_dir, "model.json")
+    # The chat template is the engine core's (it renders chats for every engine), not an
+    # engine argument: an offline engine renders with its tokenizer's, which the shipped
+    # templates equal for plain chats (tests/unit/serving/test_chat.py).
+    config.pop(CHAT_TEMPLATE_KEY, None)
     with pytest.MonkeyPatch.context() as patch:
         for name in ("TRITONFORGE_MODELS", "TRITONFORGE_GGUF"):
             if name in env:

@@ -20,6 +20,7 @@ import requests
 
 from tests.e2e.client import control_model, llm_inputs, model_state, stream, wait_for
 from tests.servers import serving
+from tritonforge.engines.base import CHAT_TEMPLATE_KEY
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer
 from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, gguf_path, models_dir
 from tritonforge.repo import cli
@@ -34,12 +35,13 @@ GREEDY = {"temperature": 0, "max_tokens": 16}
 
 
 def shipped_engine_args(model: str, path_key: str) -> list[str]:
-    """``--engine-arg`` flags for the shipped model's settings (its model path left out)."""
+    """``--engine-arg`` flags for the shipped model's settings (its model path and its chat
+    template file, which ``add`` does not copy, left out)."""
     settings = json.loads((MODEL_REPOSITORY / model / "1" / "model.json").read_text())
     return [
         arg
         for key, value in settings.items()
-        if key != path_key
+        if key not in (path_key, CHAT_TEMPLATE_KEY)
         for arg in ("--engine-arg", f"{key}={json.dumps(value)}")
     ]
 

@@ -26,7 +26,8 @@ import requests
 
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling, Target, TargetKind
-from tritonforge.engines.config import expand_env
+from tritonforge.engines.base import CHAT_TEMPLATE_KEY
+from tritonforge.engines.config import expand_env, resolve_path
 from tritonforge.engines.host_settings import HostSettings, for_this_host
 from tritonforge.launch.launcher import (
     REPO_ROOT,
@@ -60,10 +61,15 @@ def load_engine_settings(path: Path, env: Mapping[str, str] | None = None) -> di
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "model" not in data:
         raise ValueError(f"{path}: expected a JSON object of vLLM engine arguments with 'model'")
-    return {
+    settings = {
         key: expand_env(value, env) if isinstance(value, str) else value
         for key, value in data.items()
     }
+    if isinstance(settings.get(CHAT_TEMPLATE_KEY), str):
+        # vLLM's server takes the model's own template too (--chat-template), so both
+        # servers render a chat alike; relative to the model.json, as the model reads it.
+        settings[CHAT_TEMPLATE_KEY] = resolve_path(settings[CHAT_TEMPLATE_KEY], path.parent, env)
+    return settings
 
 
 def engine_cli_flags(settings: Mapping[str, Any]) -> list[str]:
