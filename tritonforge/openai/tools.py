@@ -127,37 +127,6 @@ def plan(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
     return ToolPlan(functions, "forced", (name,))
 
 
-def assistant_calls(where: str, calls: Any) -> list[dict[str, Any]]:
-    """An assistant turn's ``tool_calls`` checked, arguments parsed into objects."""
-    if not isinstance(calls, list) or not calls:
-        raise invalid(f"{where}.tool_calls: must be a non-empty list", "messages")
-    checked = []
-    for i, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise invalid(f"{where}.tool_calls[{i}].function.name: required", "messages")
-        arguments = function.get("arguments", "{}")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise invalid(
-                f"{where}.tool_calls[{i}].function.arguments: must be a JSON object", "messages"
-            )
-        entry = {"type": "function", "function": {"name": function["name"], "arguments": parsed}}
-        checked.append({"id": call["id"], **entry} if isinstance(call.get("id"), str) else entry)
-    return checked
-
-
-def check_tool_result(where: str, content: str | None, call_id: Any) -> None:
-    """A ``tool`` turn names the call it answers and carries its result."""
-    if not isinstance(call_id, str) or not call_id:
-        raise invalid(f"{where}.tool_call_id: required for a tool message", "messages")
-    if content is None:
-        raise invalid(f"{where}.content: required", "messages")
-
-
 def _call(obj: Any, plan_: ToolPlan) -> ToolCall | None:
     if not isinstance(obj, dict) or obj.get("name") not in plan_.functions:
         return None

@@ -48,6 +48,8 @@ from tritonforge.openai.responses import (
     ModelList,
     TopLogprob,
 )
+from tritonforge.serving import chat
+from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import MAX_LOGPROBS
 
 #: Body keys passed to the model's ``sampling_parameters`` under the same name: OpenAI's
@@ -226,17 +228,13 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
         if any(part.type != "text" or part.text is None for part in content):
             raise invalid(f"{where}.content: only text parts are supported", "messages")
         content = "".join(part.text or "" for part in content)
-    result: dict[str, Any] = {"role": role, "content": content}
-    if role == "tool":
-        tools.check_tool_result(where, content, extras.get("tool_call_id"))
-        result["tool_call_id"] = extras["tool_call_id"]
-    elif role == "assistant" and extras.get("tool_calls"):
-        result["tool_calls"] = tools.assistant_calls(where, extras["tool_calls"])
-    elif content is None:
-        raise invalid(f"{where}.content: required", "messages")
-    if message.name:
-        result["name"] = message.name
-    return result
+    raw: dict[str, Any] = {"role": role, "content": content}
+    raw |= {"name": message.name} if message.name else {}
+    raw |= {key: extras[key] for key in ("tool_calls", "tool_call_id") if extras.get(key)}
+    try:  # the model's own rules for tool turns, answered here as a 400
+        return chat.check_message(where, raw)
+    except RequestError as exc:
+        raise invalid(str(exc), "messages") from None
 
 
 def chat_request(

@@ -52,10 +52,11 @@ def parse_chat(raw: str) -> tuple[Messages, Tools]:
         value = value["messages"]  # an OpenAI request body's shape
     if not isinstance(value, list) or not value:
         raise RequestError("messages", "must be a non-empty JSON list of {role, content} objects")
-    return tuple(_message(f"messages[{i}]", m) for i, m in enumerate(value)), tools
+    return tuple(check_message(f"messages[{i}]", m) for i, m in enumerate(value)), tools
 
 
-def _message(where: str, message: Any) -> dict[str, Any]:
+def check_message(where: str, message: Any) -> dict[str, Any]:
+    """One message checked (``where`` names it in errors); tool-call arguments parsed."""
     if not isinstance(message, dict):
         raise RequestError(where, "must be an object with role and content")
     extra = sorted(set(message) - _MESSAGE_KEYS)
@@ -68,9 +69,10 @@ def _message(where: str, message: Any) -> dict[str, Any]:
     if message.get("tool_calls") is not None:
         if role != "assistant":
             raise RequestError(f"{where}.tool_calls", "only an assistant message makes calls")
-        result["tool_calls"] = [
-            _call(f"{where}.tool_calls[{i}]", c) for i, c in enumerate(message["tool_calls"])
-        ]
+        calls = message["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            raise RequestError(f"{where}.tool_calls", "must be a non-empty list")
+        result["tool_calls"] = [_call(f"{where}.tool_calls[{i}]", c) for i, c in enumerate(calls)]
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
