@@ -88,7 +88,7 @@ def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[s
     inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
     grpc = threading.Thread(
         target=lambda: grpc_out.setdefault(
-            "result", stream(launched.grpc_url, MODEL, inputs, timeout_s=120)
+            "result", stream(launched.server.grpc_url, MODEL, inputs, timeout_s=120)
         )
     )
     grpc.start()
@@ -97,7 +97,7 @@ def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[s
 
 
 def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(launched) -> None:
-    control_model(launched.grpc_url, "load", RUNTIME_MODEL)
+    control_model(launched.server.grpc_url, "load", RUNTIME_MODEL)
     frontend = launched.frontend()
     dead = launched.triton()
     time.sleep(2.5)  # one poll of the launcher's (every 2 s) sees the runtime model
@@ -122,8 +122,8 @@ def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(lau
     recovery_s = time.monotonic() - killed
     assert launched.frontend().pid == frontend.pid  # the frontend never restarted
     assert launched.triton().pid != dead.pid
-    assert model_state(launched.http_url, MODEL) == "READY"
-    assert model_state(launched.http_url, RUNTIME_MODEL) == "READY"  # loaded at run time
+    assert model_state(launched.server.http_url, MODEL) == "READY"
+    assert model_state(launched.server.http_url, RUNTIME_MODEL) == "READY"  # loaded at run time
     restarts = metric(
         launched.launcher_metrics_url, "tritonforge_tritonserver_restarts_total", cause="SIGKILL"
     )
@@ -158,7 +158,7 @@ def test_a_crashed_model_stub_is_a_crash_not_a_hang(launched) -> None:
     out: dict = {}
     streaming = threading.Thread(
         target=lambda: out.setdefault(
-            "result", stream(launched.grpc_url, MODEL, inputs, timeout_s=120)
+            "result", stream(launched.server.grpc_url, MODEL, inputs, timeout_s=120)
         )
     )
     streaming.start()

@@ -362,6 +362,18 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
+def openai_base_url(host: str, port: int) -> str:
+    """The OpenAI base URL (``…/v1``) a local client uses for a frontend bound to ``host``:
+    one spelling for the frontend and for the tools that only know its port."""
+    return f"http://{_client_host(host)}:{port}/v1"
+
+
+def launcher_metrics_endpoint(port: int) -> str:
+    """The launcher's own /metrics (served on loopback): one spelling for its ready line
+    and for the tools that read it."""
+    return f"http://127.0.0.1:{port}/metrics"
+
+
 @dataclass
 class OpenAIFrontend:
     """``python -m tritonforge.openai`` for one Triton server, as a process group of its own.
@@ -385,7 +397,7 @@ class OpenAIFrontend:
     @property
     def base_url(self) -> str:
         """The OpenAI base URL clients use (``…/v1``)."""
-        return f"http://{_client_host(self.host)}:{self.port}/v1"
+        return openai_base_url(self.host, self.port)
 
     def command(self) -> list[str]:
         return [
@@ -468,7 +480,7 @@ def _ready_line(server: TritonServer, frontend: OpenAIFrontend | None, metrics_p
     return (
         f"tritonforge ready — HTTP {server.http_url}, gRPC {server.grpc_url}, "
         f"metrics {server.metrics_url}, {openai}launcher metrics "
-        f"http://127.0.0.1:{metrics_port}/metrics, models: {', '.join(models)}. "
+        f"{launcher_metrics_endpoint(metrics_port)}, models: {', '.join(models)}. "
         f"Try: {example_request(server, first)}"
     )
 

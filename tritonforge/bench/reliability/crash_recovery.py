@@ -37,7 +37,12 @@ import psutil
 
 from tritonforge.bench.environment import tritonserver_version
 from tritonforge.bench.reliability.clients import GrpcStream, grpc_request, http_generate
-from tritonforge.launch.launcher import free_ports
+from tritonforge.launch.launcher import (
+    TritonServer,
+    free_ports,
+    launcher_metrics_endpoint,
+    openai_base_url,
+)
 from tritonforge.openai.triton_client import CHANNEL_ARGS
 
 #: Allowed on top of the cold start of the same model set (the recovery target).
@@ -59,24 +64,20 @@ class Launcher:
     _lines: queue.Queue = field(default_factory=queue.Queue)
 
     @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.ports[0]}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports[1]}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports[2]}/metrics"
+    def server(self) -> TritonServer:
+        """The tritonserver the launcher runs, on ``ports[:3]``: its addresses as
+        :class:`TritonServer` spells them (also what a scenario's ``Server`` needs)."""
+        return TritonServer(
+            http_port=self.ports[0], grpc_port=self.ports[1], metrics_port=self.ports[2]
+        )
 
     @property
     def openai_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports[3]}/v1"
+        return openai_base_url("127.0.0.1", self.ports[3])
 
     @property
     def launcher_metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports[4]}/metrics"
+        return launcher_metrics_endpoint(self.ports[4])
 
     def start(self) -> None:
         names = ("TRITON_HTTP", "TRITON_GRPC", "TRITON_METRICS", "TRITONFORGE_OPENAI")
@@ -172,7 +173,9 @@ async def _serves(path: str, launcher: Launcher, model: str, clients: dict) -> b
         return outcome.ok
     if path == "http":
         body = {"text_input": "Hello", "parameters": {"max_tokens": 2, "temperature": 0}}
-        outcome = await http_generate(clients["session"], launcher, model, body, timeout_s=60)
+        outcome = await http_generate(
+            clients["session"], launcher.server, model, body, timeout_s=60
+        )
         return outcome.ok
     status, retry_after = await _openai_status(clients["session"], launcher.openai_url, model)
     clients["openai_seen"][f"{status} retry-after={retry_after or '-'}"] += 1
@@ -187,7 +190,7 @@ async def time_to_serve(
     seen: Counter[str] = Counter()
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        channel = grpc.aio.insecure_channel(launcher.grpc_url, options=CHANNEL_ARGS)
+        channel = grpc.aio.insecure_channel(launcher.server.grpc_url, options=CHANNEL_ARGS)
         clients = {"session": session, "channel": channel, "openai_seen": seen}
 
         async def until_served(path: str) -> float | None:
@@ -226,7 +229,7 @@ def measure(launcher: Launcher, model: str, settle_s: float, timeout_s: float) -
     try:
         launcher.wait_ready(timeout_s)
         ready_line_s = round(time.monotonic() - launcher.started_at, 2)
-        version = tritonserver_version(launcher.http_url)
+        version = tritonserver_version(launcher.server.http_url)
         cold = asyncio.run(time_to_serve(launcher, model, launcher.started_at, timeout_s))
         time.sleep(settle_s)  # the launcher's model poll has run; the engines are idle
         frontend, dead = launcher.frontend(), launcher.triton()

@@ -136,10 +136,11 @@ def open_clients(launcher: Launcher, concurrency: int) -> Clients:
     (the OpenAI frontend's settings), one HTTP pool for Triton's and the OpenAI API."""
     count = max(1, -(-concurrency // 16))
     channels = [
-        grpc.aio.insecure_channel(launcher.grpc_url, options=CHANNEL_ARGS) for _ in range(count)
+        grpc.aio.insecure_channel(launcher.server.grpc_url, options=CHANNEL_ARGS)
+        for _ in range(count)
     ]
     connector = aiohttp.TCPConnector(limit=concurrency + 8)
-    return Clients(launcher, channels, aiohttp.ClientSession(connector=connector))
+    return Clients(launcher.server, channels, aiohttp.ClientSession(connector=connector))
 
 
 async def run_workers(state: StormState, clients: Clients, end: float) -> None:
@@ -426,7 +427,7 @@ def measure(settings: StormSettings, log_dir: Path) -> dict[str, Any]:
     try:
         launcher.wait_ready(900.0)
         figures["ready_line_s"] = round(time.monotonic() - launcher.started_at, 2)
-        figures["tritonserver"] = tritonserver_version(launcher.http_url)
+        figures["tritonserver"] = tritonserver_version(launcher.server.http_url)
         figures["cold_start"] = asyncio.run(time_to_serve(launcher, LLM, launcher.started_at, 900))
         frontend = launcher.frontend()
         state.started = time.monotonic()
