@@ -30,6 +30,14 @@ def _pair(files: dict[str, Path], name: str) -> tuple[tt.Tokenizer, HfTokenizer]
     return _LOADED[path]
 
 
+@pytest.fixture(params=TOKENIZERS)
+def pair(
+    request: pytest.FixtureRequest, tokenizer_files: dict[str, Path]
+) -> tuple[tt.Tokenizer, HfTokenizer]:
+    """Ours and HF's, for each tokenizer under test in turn."""
+    return _pair(tokenizer_files, request.param)
+
+
 def _first_mismatches(texts: list, ours: list, theirs: list, limit: int = 5) -> list:
     return [(t, a, b) for t, a, b in zip(texts, ours, theirs, strict=True) if a != b][:limit]
 
@@ -39,23 +47,21 @@ def test_corpus_is_large_enough(corpus: list[str]) -> None:
     assert any("\u200d" in t for t in corpus) and any("\u3000" in t for t in corpus)
 
 
-@pytest.mark.parametrize("name", TOKENIZERS)
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 def test_encode_matches_hf(
-    tokenizer_files: dict[str, Path], corpus: list[str], name: str, add_special_tokens: bool
+    pair: tuple[tt.Tokenizer, HfTokenizer], corpus: list[str], add_special_tokens: bool
 ) -> None:
-    ours, hf = _pair(tokenizer_files, name)
+    ours, hf = pair
     expected = [e.ids for e in hf.encode_batch(corpus, add_special_tokens=add_special_tokens)]
     got = ours.encode_batch(corpus, add_special_tokens=add_special_tokens)
     assert got == expected, _first_mismatches(corpus, got, expected)
 
 
-@pytest.mark.parametrize("name", TOKENIZERS)
 @pytest.mark.parametrize("skip_special_tokens", [False, True])
 def test_decode_and_incremental_decode_match_hf(
-    tokenizer_files: dict[str, Path], corpus: list[str], name: str, skip_special_tokens: bool
+    pair: tuple[tt.Tokenizer, HfTokenizer], corpus: list[str], skip_special_tokens: bool
 ) -> None:
-    ours, hf = _pair(tokenizer_files, name)
+    ours, hf = pair
     ids = [e.ids for e in hf.encode_batch(corpus)]
     expected = hf.decode_batch(ids, skip_special_tokens=skip_special_tokens)
     got = [ours.decode(row, skip_special_tokens=skip_special_tokens) for row in ids]
