@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,59 @@ def triton_error(exc: BaseException) -> Any:
     return pb_utils.TritonError(str(exc) or type(exc).__name__, code)
 
 
+class TensorCache:
+    """Triton tensors of one-element outputs whose values recur, kept per response thread.
+
+    Building a ``pb_utils.Tensor`` is most of what a streamed response costs the stub
+    (dtype resolution, BYTES serialisation, a shared-memory block allocated, copied and
+    freed again), and most responses repeat a value already sent: a count of 1 token, a
+    common token's text. python_backend writes a tensor to shared memory once and sends
+    that block again on every later send, so a tensor built once can go out many times.
+    It is only ever sent from the thread that built it: its first write to shared memory
+    happens outside the GIL and must not race another thread's send of the same tensor.
+    Each thread keeps at most ``limit`` tensors (then starts over): a bounded amount of
+    the stub's shared memory.
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._local = threading.local()
+
+    def tensors(self, arrays: dict[str, npt.NDArray[Any]]) -> list[Any]:
+        cache: dict[tuple[str, str, Any], Any] | None = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = {}
+        out = []
+        for name, array in arrays.items():
+            key = _recurring(name, array)
+            if key is None:
+                out.append(pb_utils.Tensor(name, array))
+                continue
+            tensor = cache.get(key)
+            if tensor is None:
+                if len(cache) >= self.limit:
+                    cache.clear()
+                tensor = cache[key] = pb_utils.Tensor(name, array)
+            out.append(tensor)
+        return out
+
+
+#: Longest text worth caching: a token or two, a finish reason.
+_SHORT_BYTES = 32
+
+
+def _recurring(name: str, array: npt.NDArray[Any]) -> tuple[Any, ...] | None:
+    """A cache key for values likely to recur (short text, whole numbers), else None."""
+    if array.size != 1 or array.dtype.kind not in "Oiu":
+        return None
+    value = array.item(0)
+    if array.dtype.kind == "O" and not (
+        isinstance(value, bytes | str) and len(value) <= _SHORT_BYTES
+    ):
+        return None
+    return (name, array.dtype.char, array.shape, value)
+
+
 class TritonChannel:
     """A request's response sender, as the runtime's :class:`~tritonforge.serving.runtime.Channel`.
 
@@ -72,6 +126,7 @@ class TritonChannel:
     """
 
     _board = CancelBoard()  # Triton 2.51 workaround W1
+    _cache = TensorCache()
 
     def __init__(self, sender: Any, request_id: str = "") -> None:
         self._sender = sender
@@ -100,9 +155,7 @@ class TritonChannel:
         if error is not None:
             response = pb_utils.InferenceResponse(error=triton_error(error))
         elif tensors is not None:
-            response = pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, array) for name, array in tensors.items()]
-            )
+            response = pb_utils.InferenceResponse(output_tensors=self._cache.tensors(tensors))
         else:
             self._sender.send(flags=flags)
             return
