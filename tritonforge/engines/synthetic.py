@@ -3,9 +3,10 @@
 It answers every request the way a continuous-batching engine does — a waiting queue,
 at most ``max_num_seqs`` running sequences, one step advancing every running sequence
 by one token — but its tokens are drawn at random from the real tokenizer's vocabulary
-instead of computed. Time is simulated: a step takes ``step_ms`` (plus
-``prefill_ms_per_token`` for every prompt token admitted in it); with both 0 it is
-unpaced and never sleeps, so a benchmark over it measures the serving path's own cost.
+instead of computed, common tokens more often than rare ones as in text (Zipf's law).
+Time is simulated: a step takes ``step_ms`` (plus ``prefill_ms_per_token`` for every
+prompt token admitted in it); with both 0 it is unpaced and never sleeps, so a
+benchmark over it measures the serving path's own cost.
 It load-tests Triton, ensembles, the OpenAI frontend, a deployment or the benchmark
 runner on a machine without an accelerator.
 
@@ -139,7 +140,13 @@ class Vocabulary:
             raise ValueError("the tokenizer has no end-of-sequence token")
         ends = [False] * size
         ends[eos] = True
-        drawable = [t for t in range(size) if t not in special and plain[t]]
+        ordinary = [t for t in range(size) if t not in special and plain[t]]
+        # Most frequent first, as draw_rank expects: a BPE vocabulary numbers its merges
+        # in the order they were learned, most frequent pair first; single bytes (lone
+        # pieces of a UTF-8 character among them) come last.
+        drawable = [t for t in ordinary if len(plain[t]) > 1] + [
+            t for t in ordinary if len(plain[t]) == 1
+        ]
         return cls(plain, with_special, drawable, ends, eos)
 
     def text(self, token: int) -> str:
@@ -166,6 +173,16 @@ def request_rng(seed: int, prompt: tuple[int, ...]) -> random.Random:
     digest = hashlib.blake2b(array.array("q", prompt).tobytes(), digest_size=8)
     digest.update(seed.to_bytes(16, "little", signed=True))
     return random.Random(int.from_bytes(digest.digest(), "little"))
+
+
+def draw_rank(rng: random.Random, size: int) -> int:
+    """A rank in ``[0, size)``, rank r about as likely as 1/(r+1): Zipf's law, as in text.
+
+    Real output repeats its common tokens, and what the serving path does per token
+    (detokenizing, building a response) meets them again; drawing every token of a
+    vocabulary equally would make each stream a run of rare tokens no model writes.
+    """
+    return int((size + 1) ** rng.random()) - 1
 
 
 @dataclass(eq=False)
@@ -347,7 +364,7 @@ class SyntheticEngine(HFTokenizedEngine):
         if not params.ignore_eos and decoding.generated + 1 >= sequence.length:
             token = vocab.eos
         else:
-            token = vocab.drawable[sequence.rng.randrange(len(vocab.drawable))]
+            token = vocab.drawable[draw_rank(sequence.rng, len(vocab.drawable))]
         logprob = None
         if params.logprobs is not None:
             logprob = self._logprobs(sequence, token, params.logprobs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,7 +19,12 @@ import pytest
 from tests.fakes import RecordingChannel, RecordingMetrics, sampling_request, serve_once
 from tritonforge.engines.base import EngineOutput, PreparedPrompt
 from tritonforge.engines.config import load_engine_config
-from tritonforge.engines.synthetic import SyntheticEngine, byte_level_table, load_tokenizer
+from tritonforge.engines.synthetic import (
+    SyntheticEngine,
+    byte_level_table,
+    draw_rank,
+    load_tokenizer,
+)
 from tritonforge.launch.launcher import MODEL_REPOSITORY
 from tritonforge.paths import CACHE_DIR
 from tritonforge.serving.errors import RequestError
@@ -347,3 +353,21 @@ def test_a_scheduler_that_dies_is_reported_as_the_engines_failure() -> None:
         return e.failure()
 
     assert "step exploded" in (run(e, body) or "")
+
+
+def test_common_tokens_are_drawn_more_often_as_in_text() -> None:
+    """Ranks follow Zipf's law: the top 1 % of a 49k vocabulary takes over half the draws."""
+    rng, size = random.Random(7), 49_000
+    ranks = [draw_rank(rng, size) for _ in range(20_000)]
+    assert min(ranks) == 0 and max(ranks) < size
+    head = sum(r < size // 100 for r in ranks) / len(ranks)
+    tail = sum(r >= size // 2 for r in ranks) / len(ranks)
+    assert head > 0.5 and 0 < tail < 0.1
+
+
+def test_the_vocabulary_lists_merges_before_single_bytes() -> None:
+    _, vocab = load_tokenizer(str(TOKENIZER))
+    lengths = [len(vocab.plain[t]) for t in vocab.drawable]
+    first_byte = lengths.index(1)
+    assert first_byte > 0 and all(n == 1 for n in lengths[first_byte:])
+    assert sorted(vocab.drawable) == sorted(set(vocab.drawable))
