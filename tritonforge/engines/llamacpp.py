@@ -68,6 +68,7 @@ from tritonforge.engines.base import (
     Engine,
     EngineOutput,
     EngineStats,
+    Mailbox,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -499,7 +500,7 @@ class LlamaCppEngine(Engine):
     ) -> AsyncIterator[EngineOutput]:
         assert self._llama is not None, "engine not started"
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        outputs: Mailbox[EngineOutput | BaseException] = Mailbox()
         spec = sampling.structured_outputs
         lora = None if sampling.lora_name is None else self._loras.get(sampling.lora_name)
         if sampling.lora_name is not None and lora is None:
@@ -509,7 +510,7 @@ class LlamaCppEngine(Engine):
             list(prompt.token_ids),
             sampling,
             None if spec is None else checked_grammar(spec, self._llama._model.vocab),
-            lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
+            lambda item: loop.call_soon_threadsafe(outputs.put, item),
             lora,
         )
         with self._counts:

@@ -46,6 +46,7 @@ from tritonforge.engines.base import (
     EngineOutput,
     EngineStats,
     HFTokenizedEngine,
+    Mailbox,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -195,14 +196,14 @@ class SyntheticSequence:
     rng: random.Random
     logprob_rng: random.Random
     length: int  # tokens to generate, the last one EOS (unless max_tokens comes first)
-    outputs: asyncio.Queue[EngineOutput] = field(default_factory=asyncio.Queue)
+    outputs: Mailbox[EngineOutput] = field(default_factory=Mailbox)
     done: bool = False  # finished, aborted or released: the scheduler drops it
 
     def finish(self, output: EngineOutput) -> None:
         """Deliver the last output once (a finished step or an abort, whichever comes first)."""
         if not self.done:
             self.done = True
-            self.outputs.put_nowait(output)
+            self.outputs.put(output)
 
 
 class SyntheticEngine(HFTokenizedEngine):
@@ -353,7 +354,7 @@ class SyntheticEngine(HFTokenizedEngine):
             if output.finished:
                 sequence.finish(output)
             else:
-                sequence.outputs.put_nowait(output)
+                sequence.outputs.put(output)
         self._running = [s for s in self._running if not s.done]
 
     def _next_output(self, sequence: SyntheticSequence) -> EngineOutput:

@@ -451,7 +451,9 @@ class Runtime:
         if self._failure is not None:  # failed between submit() and now
             raise self._failure_error()
         deltas = self.engine.generate(request_id, prepared, request.sampling)
-        async for delta in _until(entry.deadline, deltas):
+        if entry.deadline is not None:  # no wrapper per delta for a request without one
+            deltas = _until(entry.deadline, deltas)
+        async for delta in deltas:
             if entry.cancelled:
                 return
             timing.saw(delta)
@@ -639,7 +641,7 @@ class Runtime:
 
 
 async def _until(
-    deadline: Deadline | None, deltas: AsyncIterator[EngineOutput]
+    deadline: Deadline, deltas: AsyncIterator[EngineOutput]
 ) -> AsyncIterator[EngineOutput]:
     """The engine's deltas until ``deadline``; past it, raise :class:`DeadlineExceeded`.
 
@@ -648,10 +650,6 @@ async def _until(
     a long prompt). Expiry cancels that wait inside the engine's iterator, which closes
     it and releases the engine request; the runtime then aborts the request as well.
     """
-    if deadline is None:
-        async for delta in deltas:
-            yield delta
-        return
     while True:
         expiry = asyncio.timeout(deadline.at - time.monotonic())
         try:
