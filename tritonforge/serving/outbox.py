@@ -39,9 +39,10 @@ class StreamPolicy:
     #: Response threads of a model instance. A send waits for Triton to take the
     #: response (one stub↔server round trip); several threads overlap those round trips,
     #: the way Triton's own decoupled examples send from a thread per request. Each
-    #: thread also competes for the GIL with the engine's loop: on two cores 4 send
-    #: more per CPU second than 2 or 8 (serving-ceiling-per-response in perf/README.md).
-    threads: int = 4
+    #: thread also competes for the GIL with the engine's loop: on two cores 2 kept
+    #: pace with a 10 ms-step engine better than 4 or 8, at less CPU per response
+    #: (response-threads and serving-ceiling-per-response in perf/README.md).
+    threads: int = 2
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> StreamPolicy:

@@ -178,7 +178,7 @@ def test_bad_stream_parameters_fail_naming_the_key(parameters, message) -> None:
 
 
 def test_stream_parameters_are_read() -> None:
-    assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True, 4)
+    assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True, 2)
     parameters = {"stream_interval": "4", "stream_coalescing": "False", "response_threads": "2"}
     assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False, 2)
 
