@@ -20,7 +20,11 @@ def smoke_data() -> dict:
 
 
 #: Contracts another runner reads (``python -m tritonforge.bench ceiling``), checked below.
-CEILING_CONTRACTS = {"serving-ceiling.yaml", "serving-ceiling-per-response.yaml"}
+CEILING_CONTRACTS = {
+    "serving-ceiling.yaml",
+    "serving-ceiling-per-response.yaml",
+    "response-threads.yaml",
+}
 
 
 @pytest.mark.parametrize(
