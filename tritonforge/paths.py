@@ -8,6 +8,7 @@ the tree whose code a server started from this venv really runs (its stubs impor
 from __future__ import annotations
 
 import os
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,3 +26,21 @@ def new_run_dir(parent: Path) -> Path:
     run_dir = parent / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def machine_free(text: str) -> str:
+    """``text`` with this machine's directories named as the repository's or ``<tmp>/``.
+
+    Logs kept with a result say where the server found its models and backends; a
+    committed result names those places relative to the repository, not by this
+    machine's absolute paths.
+    """
+    return text.replace(str(REPO_ROOT) + "/", "").replace(tempfile.gettempdir(), "<tmp>")
+
+
+def make_machine_free(folder: Path) -> None:
+    """Rewrite every file in ``folder`` (a run's logs) with :func:`machine_free`."""
+    for path in folder.iterdir():
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            path.write_text(machine_free(text))

@@ -44,7 +44,7 @@ from tritonforge.bench.noise import RoundWatch
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.model_store import models_dir
-from tritonforge.paths import REPO_ROOT, new_run_dir
+from tritonforge.paths import REPO_ROOT, make_machine_free, new_run_dir
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results"
 
@@ -372,6 +372,7 @@ def run_ceiling(
     with tempfile.TemporaryDirectory(prefix="tritonforge-ceiling-") as scratch:
         repository = assemble_repository(contract.models, Path(scratch) / "repository")
         rows, environment = serve_and_measure(contract, repository, run_dir, environment)
+    make_machine_free(run_dir / "logs")
     write_results(run_dir, contract, overrides, environment, rows, uncommitted)
     return run_dir
 

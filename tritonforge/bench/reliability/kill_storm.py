@@ -54,7 +54,7 @@ from tritonforge.bench.reliability.models import ENSEMBLE, LLM
 from tritonforge.bench.reliability.probes import command_line, shutdown_log, tree_rss
 from tritonforge.bench.reliability.storm_requests import Ended, draw, one_request
 from tritonforge.openai.triton_client import CHANNEL_ARGS
-from tritonforge.paths import REPO_ROOT
+from tritonforge.paths import machine_free
 
 
 @dataclass(frozen=True)
@@ -374,11 +374,6 @@ def verdict(figures: dict[str, Any], s: StormSettings) -> list[str]:
     return failures
 
 
-def _relative(line: str) -> str:
-    """A log line with this machine's directories named as the repository's or ``<tmp>/``."""
-    return line.replace(str(REPO_ROOT) + "/", "").replace(tempfile.gettempdir(), "<tmp>")
-
-
 def _folded(lines: list[str], marker: str, whole: bool = False) -> dict[str, int]:
     """Lines holding ``marker`` — from it on, or ``whole`` messages (past the log's
     time and source) — numbers folded, counted."""
@@ -386,7 +381,7 @@ def _folded(lines: list[str], marker: str, whole: bool = False) -> dict[str, int
     for line in lines:
         if marker in line:
             start = line.find("] ") + 2 if whole else line.index(marker)
-            found[re.sub(r"[0-9]+", "N", _relative(line[start:]))[:200]] += 1
+            found[re.sub(r"[0-9]+", "N", machine_free(line[start:]))[:200]] += 1
     return dict(found.most_common(10))
 
 
@@ -406,11 +401,11 @@ def logs(log_dir: Path) -> dict[str, Any]:
     lines = "\n".join(texts).splitlines()
     shutdown = shutdown_log(launcher_log, limit=60) or shutdown_log(server_log, limit=60)
     return {
-        "launcher_lines": [_relative(x) for x in lines if x.startswith("tritonforge:")],
+        "launcher_lines": [machine_free(x) for x in lines if x.startswith("tritonforge:")],
         "non_graceful_terminations": sum("Non-graceful termination detected" in x for x in lines),
         "response_thread_errors": _folded(lines, "[tritonforge] response thread:"),
         "in_flight_at_shutdown": _folded(lines, "in-flight inferences", whole=True),
-        "server_after_sigterm": [_relative(x) for x in shutdown],
+        "server_after_sigterm": [machine_free(x) for x in shutdown],
     }
 
 

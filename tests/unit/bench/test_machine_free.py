@@ -1,0 +1,26 @@
+"""Logs kept with a result name places relative to the repository, not this machine's."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from tritonforge.paths import REPO_ROOT, machine_free, make_machine_free
+
+
+def test_repository_and_temporary_paths_are_named_without_this_machine() -> None:
+    line = (
+        f"loaded {REPO_ROOT}/.cache/models/m/tokenizer.json from "
+        f"{tempfile.gettempdir()}/tritonforge-ceiling-x/repository"
+    )
+    assert machine_free(line) == (
+        "loaded .cache/models/m/tokenizer.json from <tmp>/tritonforge-ceiling-x/repository"
+    )
+    assert machine_free("nothing to change") == "nothing to change"
+
+
+def test_a_run_folder_is_rewritten_in_place(tmp_path: Path) -> None:
+    log = tmp_path / "tritonserver.log"
+    log.write_text(f"backend-directory {REPO_ROOT}/.cache/backends\n")
+    make_machine_free(tmp_path)
+    assert log.read_text() == "backend-directory .cache/backends\n"
