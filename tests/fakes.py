@@ -6,15 +6,19 @@ and :class:`RecordingLogger` keep what the runtime reports. They let the real
 :class:`~tritonforge.serving.runtime.Runtime` run in a test without a server or a model.
 (The TensorRT-LLM contract test drives the real adapter against
 tests/contract/trtllm_standin.py, a stand-in of the documented LLM API instead.)
+:func:`edge_module` loads the Triton edge against a stand-in of the few
+``triton_python_backend_utils`` names a test needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+import types
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -182,3 +186,20 @@ def serve_once(
     finally:
         runtime.stop()
     return channel
+
+
+def edge_module(monkeypatch: Any, **names: object) -> Iterator[types.ModuleType]:
+    """tritonforge.triton.model bound to a stand-in triton_python_backend_utils.
+
+    ``names`` are the stand-in's attributes (``TritonError``, ``Tensor``…). A fixture
+    yields from this; the module bound to the stand-in is dropped afterwards.
+    """
+    fake = types.ModuleType("triton_python_backend_utils")
+    for name, value in names.items():
+        setattr(fake, name, value)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    monkeypatch.delitem(sys.modules, "tritonforge.triton.model", raising=False)
+    import tritonforge.triton.model as module
+
+    yield module
+    sys.modules.pop("tritonforge.triton.model", None)

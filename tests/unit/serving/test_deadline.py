@@ -8,9 +8,7 @@ already streamed stay sent, and the engine was told to stop (its work is freed).
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-import types
 from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 
@@ -22,6 +20,7 @@ from tests.fakes import (
     RecordingLogger,
     RecordingMetrics,
     ScriptedEngine,
+    edge_module,
     sampling_request,
     word_script,
 )
@@ -185,14 +184,7 @@ def edge(monkeypatch: pytest.MonkeyPatch):
         def __init__(self, message: str, code: int) -> None:
             self.message, self.code = message, code
 
-    fake = types.ModuleType("triton_python_backend_utils")
-    fake.TritonError = TritonError
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
-    monkeypatch.delitem(sys.modules, "tritonforge.triton.model", raising=False)
-    import tritonforge.triton.model as module
-
-    yield module
-    sys.modules.pop("tritonforge.triton.model", None)  # bound to the stand-in: drop it
+    yield from edge_module(monkeypatch, TritonError=TritonError)
 
 
 def test_the_edge_answers_a_deadline_unavailable_with_its_message(edge) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import threading
-import types
 
 import numpy as np
 import pytest
+
+from tests.fakes import edge_module
 
 
 class _Tensor:
@@ -23,14 +23,7 @@ class _Tensor:
 @pytest.fixture
 def edge(monkeypatch: pytest.MonkeyPatch):
     """tritonforge.triton.model bound to a stand-in triton_python_backend_utils."""
-    fake = types.ModuleType("triton_python_backend_utils")
-    fake.Tensor = _Tensor
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
-    monkeypatch.delitem(sys.modules, "tritonforge.triton.model", raising=False)
-    import tritonforge.triton.model as module
-
-    yield module
-    sys.modules.pop("tritonforge.triton.model", None)  # bound to the stand-in: drop it
+    yield from edge_module(monkeypatch, Tensor=_Tensor)
 
 
 def _outputs(text: bytes, count: int) -> dict[str, np.ndarray]:
