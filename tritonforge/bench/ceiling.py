@@ -263,6 +263,7 @@ def summarize(records: Sequence[StreamRecord], cpu: dict[str, float]) -> dict[st
     wall = max((r.end for r in records), default=0) - min((r.start for r in records), default=0)
     ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
     gaps = [g * 1000 for r in ok for g in r.gaps()]
+    paces = [rate for r in ok if (rate := r.decode_rate) is not None]
     per_token = {role: seconds * 1e6 / tokens for role, seconds in cpu.items()} if tokens else {}
     server = sum(v for k, v in cpu.items() if k != "client")
     return {
@@ -280,6 +281,8 @@ def summarize(records: Sequence[StreamRecord], cpu: dict[str, float]) -> dict[st
         "server_cpu_us_per_response": server * 1e6 / responses if responses else None,
         "ttft_ms": {"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99)},
         "itl_ms": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
+        # Each stream's tokens/s after its first response; p10 is the slower streams.
+        "stream_tokens_per_s": {"p50": percentile(paces, 0.5), "p10": percentile(paces, 0.1)},
     }
 
 

@@ -39,11 +39,31 @@ class StreamRecord:
     end: float = 0.0
     arrivals: list[float] = field(default_factory=list)  # each response that carried tokens
     tokens: int = 0
+    first_tokens: int = 0  # what the first of them carried
     error: str | None = None
+
+    def arrived(self, tokens: int) -> None:
+        """A response carrying ``tokens`` (or, for the OpenAI frontend, text) came in now."""
+        if not self.arrivals:
+            self.first_tokens = tokens
+        self.arrivals.append(time.perf_counter())
 
     @property
     def ttft(self) -> float | None:
         return self.arrivals[0] - self.start if self.arrivals else None
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens per second after the first response: the pace the stream was kept at.
+
+        Apart from the time to the first token, so a wave's admission does not hide how
+        well the serving path keeps up with an engine once the stream runs. (OpenAI
+        streams count their tokens from ``usage`` at the end: their first response's
+        tokens are counted in, a token or so too many.)
+        """
+        if len(self.arrivals) < 2 or self.arrivals[-1] <= self.arrivals[0]:
+            return None
+        return (self.tokens - self.first_tokens) / (self.arrivals[-1] - self.arrivals[0])
 
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
@@ -139,7 +159,7 @@ class GrpcWorker(Worker):
             response = message.infer_response
             tokens = response_tokens(response)
             if tokens:
-                record.arrivals.append(time.perf_counter())
+                record.arrived(tokens)
                 record.tokens += tokens
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
@@ -196,7 +216,7 @@ class SseWorker(Worker):
                     raise RuntimeError(str(event["error"])[:200])
                 tokens, arrived = client.tokens(event)
                 if arrived:
-                    record.arrivals.append(time.perf_counter())
+                    record.arrived(tokens)
                 record.tokens += tokens
 
     async def close(self) -> None:

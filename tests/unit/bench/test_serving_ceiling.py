@@ -89,6 +89,23 @@ def test_a_levels_figures() -> None:
     assert figures["ttft_ms"]["p50"] == pytest.approx(100, rel=1e-6)
 
 
+def test_a_streams_pace_leaves_out_the_wait_for_its_first_response() -> None:
+    """3 tokens in 0.3 s after a first response of 2: 10 tokens/s, however late it came."""
+    late = StreamRecord(start=0.0, end=5.0, arrivals=[4.6, 4.7, 4.9], tokens=5, first_tokens=2)
+    assert late.decode_rate == pytest.approx(10)
+    assert StreamRecord(start=0.0, arrivals=[0.1], tokens=1).decode_rate is None
+    figures = summarize([late], {"tritonserver": 0.1})
+    assert figures["stream_tokens_per_s"]["p50"] == pytest.approx(10)
+
+
+def test_a_record_remembers_what_its_first_response_carried() -> None:
+    record = StreamRecord(start=0.0)
+    record.arrived(3)
+    record.arrived(1)
+    assert record.first_tokens == 3 and len(record.arrivals) == 2
+    assert record.arrivals[0] <= record.arrivals[1]
+
+
 def test_rotation_and_percentiles() -> None:
     contract = load_ceiling_contract(CONTRACT)
     names = [t.name for t in rotated(contract.targets, 1)]
