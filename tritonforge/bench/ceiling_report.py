@@ -25,11 +25,6 @@ def _spread(values: Sequence[float | None], digits: int = 0) -> str:
     return f"{med:,.{digits}f} ({low:,.{digits}f}–{high:,.{digits}f})"
 
 
-def _pace(row: dict[str, Any], key: str) -> float | None:
-    """A level's per-stream tokens/s after the first response (absent in older results)."""
-    return (row.get("stream_tokens_per_s") or {}).get(key)
-
-
 def _roles(rows: Sequence[dict[str, Any]]) -> list[str]:
     roles = {role for row in rows for role in row["cpu_us_per_token"]}
     return sorted(roles - {"client"}, key=lambda r: (r != "tritonserver", r))
@@ -65,8 +60,8 @@ def level_table(rows: Sequence[dict[str, Any]], targets: Sequence[str]) -> list[
             f"{_spread([r['ttft_ms']['p99'] for r in mine], 1)}",
             f"{_spread([r['itl_ms']['p50'] for r in mine], 2)} / "
             f"{_spread([r['itl_ms']['p99'] for r in mine], 2)}",
-            f"{_spread([_pace(r, 'p50') for r in mine], 1)} / "
-            f"{_spread([_pace(r, 'p10') for r in mine], 1)}",
+            f"{_spread([r['stream_tokens_per_s']['p50'] for r in mine], 1)} / "
+            f"{_spread([r['stream_tokens_per_s']['p10'] for r in mine], 1)}",
             str(sum(r["errors"] for r in mine)),
         ]
         lines.append("| " + " | ".join(cells) + " |")
