@@ -123,43 +123,32 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     return total
 
 
-def main() -> None:
-    rng = random.Random(11)
-    with TritonServer.on_free_ports(models=["vllm_model"]) as triton:
-        frontend = OpenAIFrontend.on_free_port(triton.grpc_url)
-        frontend.start()
-        try:
-            frontend.wait_ready()
-            front = [psutil.Process(frontend.process.pid)]
-            server = triton.group_processes()
-            clients = {"grpc": Grpc(triton.grpc_url), "openai": OpenAI(frontend.base_url)}
-            for client in clients.values():  # warm-up
-                for _ in range(2):
-                    client.one(message(rng))
-            rows = []
-            for r in range(ROUNDS):
-                order = list(clients) if r % 2 == 0 else list(reversed(clients))
-                for name in order:
-                    before = cpu_s(front), cpu_s(server)
-                    runs = [clients[name].one(message(rng)) for _ in range(PER)]
-                    after = cpu_s(front), cpu_s(server)
-                    tokens = sum(n for *_, n in runs)
-                    row = {
-                        "round": r,
-                        "target": name,
-                        "ttft_ms": [round(t * 1000, 1) for t, _, _ in runs],
-                        "gap_ms": [round(g * 1000, 2) for _, g, _ in runs],
-                        "tokens": tokens,
-                        "frontend_cpu_ms_per_token": round(
-                            (after[0] - before[0]) * 1000 / tokens, 3
-                        ),
-                        "triton_cpu_ms_per_token": round((after[1] - before[1]) * 1000 / tokens, 3),
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-            clients["grpc"].close()
-        finally:
-            frontend.stop()
+def measure_rounds(clients: dict, front: list, server: list, rng: random.Random) -> list[dict]:
+    """ROUNDS interleaved rounds of PER requests a client, the order swapped each round."""
+    rows = []
+    for r in range(ROUNDS):
+        order = list(clients) if r % 2 == 0 else list(reversed(clients))
+        for name in order:
+            before = cpu_s(front), cpu_s(server)
+            runs = [clients[name].one(message(rng)) for _ in range(PER)]
+            after = cpu_s(front), cpu_s(server)
+            tokens = sum(n for *_, n in runs)
+            row = {
+                "round": r,
+                "target": name,
+                "ttft_ms": [round(t * 1000, 1) for t, _, _ in runs],
+                "gap_ms": [round(g * 1000, 2) for _, g, _ in runs],
+                "tokens": tokens,
+                "frontend_cpu_ms_per_token": round((after[0] - before[0]) * 1000 / tokens, 3),
+                "triton_cpu_ms_per_token": round((after[1] - before[1]) * 1000 / tokens, 3),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def paired_rounds(rows: list[dict]) -> list[dict]:
+    """Per round: the frontend's TTFT p50 minus gRPC's, and the ratio of their gaps."""
     paired = []
     for r in range(ROUNDS):
         by = {row["target"]: row for row in rows if row["round"] == r}
@@ -178,6 +167,27 @@ def main() -> None:
                 ),
             }
         )
+    return paired
+
+
+def main() -> None:
+    rng = random.Random(11)
+    with TritonServer.on_free_ports(models=["vllm_model"]) as triton:
+        frontend = OpenAIFrontend.on_free_port(triton.grpc_url)
+        frontend.start()
+        try:
+            frontend.wait_ready()
+            front = [psutil.Process(frontend.process.pid)]
+            server = triton.group_processes()
+            clients = {"grpc": Grpc(triton.grpc_url), "openai": OpenAI(frontend.base_url)}
+            for client in clients.values():  # warm-up
+                for _ in range(2):
+                    client.one(message(rng))
+            rows = measure_rounds(clients, front, server, rng)
+            clients["grpc"].close()
+        finally:
+            frontend.stop()
+    paired = paired_rounds(rows)
     summary = {
         "ttft_p50_delta_ms": [p["ttft_p50_delta_ms"] for p in paired],
         "gap_ratio": [p["gap_ratio"] for p in paired],
