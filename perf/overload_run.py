@@ -56,7 +56,8 @@ class Outcome:
 
     arrival: float
     measured: bool
-    tokens: int
+    asked: int
+    tokens: int = 0  # that arrived: the sum of each response's num_output_tokens
     ttft_s: float | None = None
     e2e_s: float | None = None
     refused: bool = False
@@ -100,7 +101,10 @@ async def one(http: httpx.AsyncClient, url: str, body: dict[str, Any], outcome: 
                 if "error" in event:
                     outcome.refused = "SLO admission refused" in event["error"]
                     outcome.error = None if outcome.refused else event["error"][:200]
-                elif outcome.ttft_s is None:
+                    continue
+                count = event.get("num_output_tokens", 0)
+                outcome.tokens += sum(count) if isinstance(count, list) else int(count)
+                if outcome.ttft_s is None and outcome.tokens:
                     outcome.ttft_s = time.perf_counter() - start
         outcome.e2e_s = time.perf_counter() - start
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
@@ -133,7 +137,12 @@ async def cell(
             outcome = Outcome(t, t >= warmup_s, tokens)
             outcomes.append(outcome)
             await asyncio.sleep(max(begin + t - time.perf_counter(), 0))
-            body = {"text_input": text, "parameters": parameters}
+            body = {
+                "text_input": text,
+                "stream": True,  # else the model answers once, with every token at the end
+                "return_num_output_tokens": True,
+                "parameters": parameters,
+            }
             tasks.append(asyncio.create_task(one(http, url, body, outcome)))
             t += rng.expovariate(rate)
         # Past the measured window a request still running after DRAIN_S has long missed
@@ -293,12 +302,13 @@ def main() -> None:
     parser.add_argument("--saturation", type=float, help="skip the sweep: this rate (req/s)")
     parser.add_argument("--duration-s", type=float, help="default: the contract's")
     parser.add_argument("--warmup-s", type=float, help="default: the contract's")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="default: the contract's")
     args = parser.parse_args()
     contract, digest = load_contract(args.contract)
     assert contract.overload is not None, "the contract has no overload section"
     args.duration_s = args.duration_s or contract.overload.duration_s
     args.warmup_s = contract.overload.warmup_s if args.warmup_s is None else args.warmup_s
+    args.rounds = args.rounds or contract.overload.rounds
     model = contract.targets[0].model or "vllm_model"
     prompts = PromptBuilder.for_model(CACHE_DIR / "models" / contract.model)
     out = REPO / "perf/results/overload" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -325,7 +335,7 @@ def main() -> None:
         cells = overload_cells(server, model, contract, prompts, rate_s or rates[0], args)
     reduced = (
         args.duration_s < contract.overload.duration_s
-        or args.rounds < 3
+        or args.rounds < contract.overload.rounds
         or args.warmup_s < contract.overload.warmup_s
     )
     results = {

@@ -431,7 +431,8 @@ class Overload(Strict):
 
     saturation_multiples: list[Annotated[float, Field(gt=0)]] = Field(min_length=2)
     warmup_s: float = Field(ge=0, description="sent before measuring at each rate, not counted")
-    duration_s: float = Field(gt=0, description="measured seconds at each rate and mode")
+    duration_s: float = Field(gt=0, description="measured seconds at each rate and mode, a round")
+    rounds: int = Field(default=3, ge=1, description="interleaved rounds, order rotated in each")
     admission: list[Literal["on", "off"]] = Field(default=["on", "off"], min_length=1)
     slo_check_multiple: float = Field(
         default=0.5,
