@@ -15,7 +15,8 @@ Phases: a short saturation sweep on ``_off`` (the highest rate whose goodput sha
 >= 0.9 and whose completions kept up) unless ``--saturation`` gives it; the SLO check
 and the overload cells at each multiple, modes alternating and the order rotated per
 round. ``--duration-s``/``--warmup-s``/``--rounds`` below the contract's make a reduced
-run, which the results say. Results: perf/results/overload/<UTC>/results.json.
+run, which the results say. Results: perf/results/overload/<UTC>/results.json (logs without
+this machine's paths); perf/overload_report.py judges them against the contract's targets.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from tritonforge.bench.contract import Contract, load_contract  # noqa: E402
 from tritonforge.bench.workload import PromptBuilder, draw_length  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer  # noqa: E402
-from tritonforge.paths import CACHE_DIR  # noqa: E402
+from tritonforge.paths import CACHE_DIR, make_machine_free  # noqa: E402
 
 MODES = {"on": "on", "off": "observe"}
 #: Seconds the requests of a cell may run past its last arrival before they are cancelled.
@@ -351,7 +352,8 @@ def main() -> None:
         "cells": cells,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    print(f"wrote {out / 'results.json'}")
+    make_machine_free(out)
+    print(f"wrote {out / 'results.json'}; verdicts: perf/overload_report.py {out}")
 
 
 if __name__ == "__main__":

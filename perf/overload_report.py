@@ -1,0 +1,192 @@
+"""Verdicts of an overload run (perf/overload_run.py) against its contract's targets.
+
+Why: the driver records cells; the targets are judged over the rounds, each round's
+figure on its own side of the threshold (tritonforge/bench/results.py: met, missed or
+inconclusive), so a single lucky round decides nothing.
+
+    .venv/bin/python perf/overload_report.py perf/results/overload/<UTC>
+
+Reads ``results.json`` (and ``noise.jsonl`` when the run was watched for other
+processes' CPU), writes ``verdicts.json`` and prints the cells and verdicts as Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tritonforge.bench.contract import OverloadTargets, load_contract  # noqa: E402
+from tritonforge.bench.results import judge  # noqa: E402
+
+Cells = dict[tuple[float, str], list[dict[str, Any]]]
+
+
+def by_cell(results: dict[str, Any]) -> Cells:
+    """(multiple, mode) → its cells, in round order."""
+    cells: Cells = defaultdict(list)
+    for cell in sorted(results["cells"], key=lambda c: c["round"]):
+        cells[(cell["multiple"], cell["mode"])].append(cell)
+    return cells
+
+
+def figures(cells: list[dict[str, Any]], key: str) -> list[float]:
+    return [c[key] for c in cells if c.get(key) is not None]
+
+
+def gain(with_admission: float, without: float) -> float:
+    """Goodput with admission over goodput without; infinite when only one side had any."""
+    if without > 0:
+        return with_admission / without
+    return math.inf if with_admission > 0 else 0.0
+
+
+def row(
+    target: str, values: list[float], threshold: float, higher: bool, quiet: bool
+) -> dict[str, Any]:
+    verdict = judge(values, threshold, higher, None if quiet else "noisy")
+    return {"target": target, "per_round": [round(v, 3) for v in values], "verdict": verdict}
+
+
+def verdicts(
+    results: dict[str, Any], targets: OverloadTargets, quiet: bool
+) -> list[dict[str, Any]]:
+    """One row per target of the contract, judged from its per-round figures."""
+    cells, at = by_cell(results), targets.at_multiple
+    peak = results["sweep_peak_goodput_rps"] or 0.0
+    on, off = cells[(at, "on")], cells[(at, "off")]
+    paired = [(a, b) for a in on for b in off if a["round"] == b["round"]]
+    gains = [gain(a["goodput_rps"], b["goodput_rps"]) for a, b in paired]
+    low_on, low_off = cells[(0.5, "on")], cells[(0.5, "off")]
+    low_gap = [
+        a["goodput_rps"] - b["goodput_rps"]
+        for a in low_on
+        for b in low_off
+        if a["round"] == b["round"]
+    ]
+    # each mode's own spread over its rounds: a gap between the modes beyond it is real
+    spread = max(
+        (
+            max(v) - min(v)
+            for v in (figures(low_on, "goodput_rps"), figures(low_off, "goodput_rps"))
+            if v
+        ),
+        default=0.0,
+    )
+    admitted_on = [c for (m, mode), cs in cells.items() if mode == "on" for c in cs]
+    return [
+        row(
+            f"goodput with admission at {at:g}x / the sweep's peak ({peak:.2f} req/s)"
+            f" >= {targets.min_goodput_share_of_peak:g}",
+            [g / peak for g in figures(on, "goodput_rps")] if peak else [],
+            targets.min_goodput_share_of_peak,
+            True,
+            quiet,
+        ),
+        row(
+            f"goodput at {at:g}x, admission on / off >= {targets.min_goodput_gain:g}",
+            gains,
+            targets.min_goodput_gain,
+            True,
+            quiet,
+        ),
+        row(
+            f"admitted requests within SLO at {at:g}x >= {targets.min_admitted_slo_share:g}",
+            figures(on, "admitted_slo_share"),
+            targets.min_admitted_slo_share,
+            True,
+            quiet,
+        ),
+        row(
+            f"refusal p99 at {at:g}x <= {targets.max_refusal_p99_ms:g} ms",
+            figures(on, "refusal_p99_ms"),
+            targets.max_refusal_p99_ms,
+            False,
+            quiet,
+        ),
+        row("refused at 0.5x (must be 0)", [float(c["refused"]) for c in low_on], 0, False, quiet),
+        row(
+            f"goodput at 0.5x, |on - off| <= a mode's spread over its rounds ({spread:.3f} req/s)",
+            [abs(g) for g in low_gap],
+            spread,
+            False,
+            quiet,
+        ),
+        row(
+            f"TTFT prediction error p50 <= {targets.max_ttft_error_p50:g}"
+            " (its histogram bucket's bound, admission-on cells)",
+            figures(admitted_on, "ttft_error_p50_at_most"),
+            targets.max_ttft_error_p50,
+            False,
+            quiet,
+        ),
+    ]
+
+
+def span(values: list[float], digits: int = 2) -> str:
+    if not values:
+        return "—"
+    mid = statistics.median(values)
+    return f"{mid:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+#: The cells' table: heading, the figure each cell records, its digits.
+COLUMNS = [
+    ("offered / round", "offered", 0),
+    ("goodput req/s", "goodput_rps", 2),
+    ("refused / round", "refused", 0),
+    ("admitted within SLO", "admitted_slo_share", 2),
+    ("refusal p99 ms", "refusal_p99_ms", 0),
+    ("TTFT p50 s (admitted)", "ttft_p50_s", 2),
+    ("unfinished or failed", "failed", 0),
+]
+
+
+def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[float]) -> str:
+    peak = results["sweep_peak_goodput_rps"] or 0
+    lines = [
+        f"Saturation {results['saturation_rps']:g} req/s (held: {results['saturation_held']}), "
+        f"sweep peak goodput {peak:.2f} req/s; other processes' CPU share per 30 s window: "
+        f"max {max(foreign, default=0):.3f}, median {statistics.median(foreign or [0]):.3f}.",
+        "",
+        "| x S | mode | " + " | ".join(c[0] for c in COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for (multiple, mode), cells in sorted(by_cell(results).items()):
+        spans = [span(figures(cells, key), digits) for _, key, digits in COLUMNS]
+        lines.append(f"| {multiple:g} | {mode} | " + " | ".join(spans) + " |")
+    lines += ["", "| target | per round | verdict |", "|---|---|---|"]
+    for r in rows:
+        per_round = ", ".join(map(str, r["per_round"])) or "—"
+        lines.append(f"| {r['target']} | {per_round} | **{r['verdict']}** |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    run = Path(sys.argv[1])
+    results = json.loads((run / "results.json").read_text())
+    contract, _ = load_contract(REPO / results["contract"])
+    assert contract.overload is not None
+    noise = run / "noise.jsonl"
+    foreign = (
+        [json.loads(line)["foreign_cpu_share"] for line in noise.read_text().splitlines()]
+        if noise.exists()
+        else []
+    )
+    quiet = bool(foreign) and max(foreign) <= contract.load.max_foreign_cpu_share
+    rows = verdicts(results, contract.overload.targets, quiet)
+    (run / "verdicts.json").write_text(
+        json.dumps({"machine_quiet": quiet, "targets": rows}, indent=1) + "\n"
+    )
+    print(markdown(results, rows, foreign))
+
+
+if __name__ == "__main__":
+    main()

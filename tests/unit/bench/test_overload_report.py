@@ -1,0 +1,56 @@
+"""Verdicts of an overload run: each target judged over the rounds, from recorded cells."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from tritonforge.bench.contract import OverloadTargets
+
+SCRIPT = Path(__file__).resolve().parents[3] / "perf" / "overload_report.py"
+spec = importlib.util.spec_from_file_location("overload_report", SCRIPT)
+assert spec and spec.loader
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def cell(round_: int, multiple: float, mode: str, goodput: float, **extra: Any) -> dict:
+    figures = {"refused": 0, "admitted_slo_share": 1.0, "refusal_p99_ms": None}
+    figures |= {"ttft_error_p50_at_most": 0.1, "offered": 100, "failed": 0, "ttft_p50_s": 0.2}
+    return {"round": round_, "multiple": multiple, "mode": mode, "goodput_rps": goodput} | (
+        figures | extra
+    )
+
+
+def run(low_on: list[float], low_off: list[float], high_off: list[float]) -> dict[str, Any]:
+    cells = []
+    for r in range(3):
+        cells += [cell(r, 0.5, "on", low_on[r]), cell(r, 0.5, "off", low_off[r])]
+        cells += [
+            cell(r, 2, "on", 5.0, refused=300, admitted_slo_share=0.97, refusal_p99_ms=30),
+            cell(r, 2, "off", high_off[r]),
+        ]
+    return {"sweep_peak_goodput_rps": 6.0, "cells": cells}
+
+
+def test_admission_that_keeps_its_promises_meets_every_target() -> None:
+    rows = report.verdicts(
+        run([3.0, 3.1, 2.9], [3.05, 2.95, 3.0], [1.0, 0.0, 1.5]), OverloadTargets(), True
+    )
+    assert [row["verdict"] for row in rows] == ["met"] * len(rows)
+    gain = next(row for row in rows if "on / off" in row["target"])
+    assert gain["per_round"] == [5.0, float("inf"), 3.333]  # none good without admission: inf
+
+
+def test_below_saturation_a_gap_beyond_each_modes_spread_is_missed() -> None:
+    rows = report.verdicts(
+        run([2.0, 2.1, 2.05], [3.0, 3.05, 2.95], [1.0] * 3), OverloadTargets(), True
+    )
+    low = next(row for row in rows if row["target"].startswith("goodput at 0.5x"))
+    assert low["verdict"] == "missed"
+
+
+def test_a_busy_machine_gets_no_verdict() -> None:
+    rows = report.verdicts(run([3.0] * 3, [3.0] * 3, [1.0] * 3), OverloadTargets(), False)
+    assert {row["verdict"] for row in rows} == {"noisy"}
