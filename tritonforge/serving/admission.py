@@ -148,10 +148,14 @@ class LatencyPredictor:
         self.prefill_s_per_token = _ewma(self.prefill_s_per_token, per_token, self.alpha)
         self.samples += 1
 
-    def observe_step(self, batch: int, seconds: float) -> None:
-        """One decode step (the gap between two tokens of a request) at ``batch`` running."""
+    def observe_step(self, batch: int, seconds: float, weight: float = 1.0) -> None:
+        """One decode step (the gap between two tokens of a request) at ``batch`` running.
+
+        ``weight`` scales the EWMA's alpha: a step seen by every request it served counts
+        ``1 / batch`` per request, so it moves the estimate once, like any other step.
+        """
         if batch >= 1 and seconds >= 0:
-            self.step_s[batch] = _ewma(self.step_s.get(batch), seconds, self.alpha)
+            self.step_s[batch] = _ewma(self.step_s.get(batch), seconds, self.alpha * weight)
 
     def step(self, batch: int) -> float | None:
         """Step time at ``batch``: seen, else linear between/beyond the nearest sizes seen."""
@@ -304,7 +308,10 @@ class Admission:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
             else:
-                self.predictor.observe_step(batch, (now - tracked.last_token_at) / count)
+                # every running request sees this step: a slow one (a prompt prefilled
+                # beside the decodes) must not weigh ``batch`` times more than the others
+                gap = (now - tracked.last_token_at) / count
+                self.predictor.observe_step(batch, gap, weight=1 / max(batch, 1))
             tracked.last_token_at = now
 
     def release(self, request_id: str) -> None:

@@ -188,6 +188,31 @@ def test_step_time_interpolates_and_extends_the_sizes_seen() -> None:
     assert predictor.step(1) == pytest.approx(0.05)
 
 
+def test_a_step_is_observed_once_however_many_requests_it_served() -> None:
+    """Eight running requests each see every step; each sighting weighs 1/8, so one slow
+    step (a prompt prefilled beside the decodes) moves the estimate like one step, not
+    eight: the average step, which a TPOT SLO is about, stays where the steps put it."""
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="observe", alpha=0.2), clock=clock)
+    ids = [f"r{i}" for i in range(8)]
+    for request_id in ids:
+        admission.admit(request_id, 10, SamplingParams())
+
+    def step(at: float) -> None:
+        for i, request_id in enumerate(ids):
+            clock.now = at + 0.0001 * i
+            admission.saw_tokens(request_id, 1)
+
+    at = 0.0
+    for _ in range(12):  # first tokens, then 11 steps of 50 ms
+        step(at)
+        at += 0.05
+    assert admission.predictor.step_s[8] == pytest.approx(0.05, abs=1e-3)
+    step(at + 0.25)  # one step of 300 ms
+    once = 0.05 + 0.2 * 0.25  # what one observation at alpha 0.2 would give
+    assert admission.predictor.step_s[8] == pytest.approx(once, rel=0.1)
+
+
 def test_snapshot_exports_counters_and_the_typical_prediction() -> None:
     exported = []
     admission = Admission(AdmissionSettings(mode="observe"), exporter=exported.append)
