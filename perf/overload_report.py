@@ -23,7 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tritonforge.bench.contract import OverloadTargets, load_contract  # noqa: E402
+from tritonforge.bench.contract import Overload, load_contract  # noqa: E402
 from tritonforge.bench.results import judge  # noqa: E402
 
 Cells = dict[tuple[float, str], list[dict[str, Any]]]
@@ -55,78 +55,79 @@ def row(
     return {"target": target, "per_round": [round(v, 3) for v in values], "verdict": verdict}
 
 
-def verdicts(
-    results: dict[str, Any], targets: OverloadTargets, quiet: bool
-) -> list[dict[str, Any]]:
-    """One row per target of the contract, judged from its per-round figures."""
-    cells, at = by_cell(results), targets.at_multiple
-    peak = results["sweep_peak_goodput_rps"] or 0.0
-    on, off = cells[(at, "on")], cells[(at, "off")]
-    paired = [(a, b) for a in on for b in off if a["round"] == b["round"]]
-    gains = [gain(a["goodput_rps"], b["goodput_rps"]) for a, b in paired]
-    low_on, low_off = cells[(0.5, "on")], cells[(0.5, "off")]
-    low_gap = [
-        a["goodput_rps"] - b["goodput_rps"]
+def low_load_gap(
+    low_on: list[dict[str, Any]], low_off: list[dict[str, Any]]
+) -> tuple[list[float], float]:
+    """Per round |goodput on - off| below saturation, and each mode's own spread over its
+    rounds (the larger): a gap between the modes beyond that spread is real."""
+    gaps = [
+        abs(a["goodput_rps"] - b["goodput_rps"])
         for a in low_on
         for b in low_off
         if a["round"] == b["round"]
     ]
-    # each mode's own spread over its rounds: a gap between the modes beyond it is real
-    spread = max(
+    each = (figures(low_on, "goodput_rps"), figures(low_off, "goodput_rps"))
+    return gaps, max((max(v) - min(v) for v in each if v), default=0.0)
+
+
+def verdicts(results: dict[str, Any], overload: Overload, quiet: bool) -> list[dict[str, Any]]:
+    """One row per target of the contract, judged from its per-round figures."""
+    targets, cells = overload.targets, by_cell(results)
+    at, low = targets.at_multiple, overload.slo_check_multiple
+    peak = results["sweep_peak_goodput_rps"] or 0.0
+    on, off = cells[(at, "on")], cells[(at, "off")]
+    gains = [
+        gain(a["goodput_rps"], b["goodput_rps"])
+        for a in on
+        for b in off
+        if a["round"] == b["round"]
+    ]
+    gaps, spread = low_load_gap(cells[(low, "on")], cells[(low, "off")])
+    all_on = [c for (_, mode), cs in cells.items() if mode == "on" for c in cs]
+    judged = [  # (target, per-round figures, threshold, higher is better)
         (
-            max(v) - min(v)
-            for v in (figures(low_on, "goodput_rps"), figures(low_off, "goodput_rps"))
-            if v
-        ),
-        default=0.0,
-    )
-    admitted_on = [c for (m, mode), cs in cells.items() if mode == "on" for c in cs]
-    return [
-        row(
             f"goodput with admission at {at:g}x / the sweep's peak ({peak:.2f} req/s)"
             f" >= {targets.min_goodput_share_of_peak:g}",
             [g / peak for g in figures(on, "goodput_rps")] if peak else [],
             targets.min_goodput_share_of_peak,
             True,
-            quiet,
         ),
-        row(
+        (
             f"goodput at {at:g}x, admission on / off >= {targets.min_goodput_gain:g}",
             gains,
             targets.min_goodput_gain,
             True,
-            quiet,
         ),
-        row(
+        (
             f"admitted requests within SLO at {at:g}x >= {targets.min_admitted_slo_share:g}",
             figures(on, "admitted_slo_share"),
             targets.min_admitted_slo_share,
             True,
-            quiet,
         ),
-        row(
+        (
             f"refusal p99 at {at:g}x <= {targets.max_refusal_p99_ms:g} ms",
             figures(on, "refusal_p99_ms"),
             targets.max_refusal_p99_ms,
             False,
-            quiet,
         ),
-        row("refused at 0.5x (must be 0)", [float(c["refused"]) for c in low_on], 0, False, quiet),
-        row(
-            f"goodput at 0.5x, |on - off| <= a mode's spread over its rounds ({spread:.3f} req/s)",
-            [abs(g) for g in low_gap],
+        (f"refused at {low:g}x = 0", figures(cells[(low, "on")], "refused"), 0, False),
+        (
+            f"goodput at {low:g}x, |on - off| <= a mode's own spread ({spread:.3f} req/s)",
+            gaps,
             spread,
             False,
-            quiet,
         ),
-        row(
+        (
             f"TTFT prediction error p50 <= {targets.max_ttft_error_p50:g}"
             " (its histogram bucket's bound, admission-on cells)",
-            figures(admitted_on, "ttft_error_p50_at_most"),
+            figures(all_on, "ttft_error_p50_at_most"),
             targets.max_ttft_error_p50,
             False,
-            quiet,
         ),
+    ]
+    return [
+        row(text, [float(v) for v in values], threshold, higher, quiet)
+        for text, values, threshold, higher in judged
     ]
 
 
@@ -153,8 +154,9 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[
     peak = results["sweep_peak_goodput_rps"] or 0
     lines = [
         f"Saturation {results['saturation_rps']:g} req/s (held: {results['saturation_held']}), "
-        f"sweep peak goodput {peak:.2f} req/s; other processes' CPU share per 30 s window: "
-        f"max {max(foreign, default=0):.3f}, median {statistics.median(foreign or [0]):.3f}.",
+        f"sweep peak goodput {peak:.2f} req/s; other processes' CPU share (per cell or"
+        f" 30 s window): max {max(foreign, default=0):.3f},"
+        f" median {statistics.median(foreign or [0]):.3f}.",
         "",
         "| x S | mode | " + " | ".join(c[0] for c in COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
@@ -169,22 +171,28 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[
     return "\n".join(lines)
 
 
+def foreign_shares(run: Path, results: dict[str, Any]) -> list[float]:
+    """Other processes' CPU share: per cell when the driver sampled it, else per 30 s
+    window of a watcher run beside the driver (``noise.jsonl``)."""
+    cells = [c["noise"]["foreign_cpu_share_during"] for c in results["cells"] if "noise" in c]
+    if cells:
+        return cells
+    noise = run / "noise.jsonl"
+    if not noise.exists():
+        return []
+    return [json.loads(line)["foreign_cpu_share"] for line in noise.read_text().splitlines()]
+
+
 def main() -> None:
     run = Path(sys.argv[1])
     results = json.loads((run / "results.json").read_text())
     contract, _ = load_contract(REPO / results["contract"])
     assert contract.overload is not None
-    noise = run / "noise.jsonl"
-    foreign = (
-        [json.loads(line)["foreign_cpu_share"] for line in noise.read_text().splitlines()]
-        if noise.exists()
-        else []
-    )
+    foreign = foreign_shares(run, results)
     quiet = bool(foreign) and max(foreign) <= contract.load.max_foreign_cpu_share
-    rows = verdicts(results, contract.overload.targets, quiet)
-    (run / "verdicts.json").write_text(
-        json.dumps({"machine_quiet": quiet, "targets": rows}, indent=1) + "\n"
-    )
+    rows = verdicts(results, contract.overload, quiet)
+    verdict_file = {"machine_quiet": quiet, "targets": rows}
+    (run / "verdicts.json").write_text(json.dumps(verdict_file, indent=1) + "\n")
     print(markdown(results, rows, foreign))
 
 

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tritonforge.bench.contract import Contract, load_contract  # noqa: E402
+from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.bench.workload import PromptBuilder, draw_length  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer  # noqa: E402
 from tritonforge.paths import CACHE_DIR, make_machine_free  # noqa: E402
@@ -181,6 +182,19 @@ def summary(outcomes: list[Outcome], contract: Contract, duration_s: float) -> d
 
 
 _BUCKET = re.compile(r"^vllm:ttft_prediction_error_ratio_bucket\{(.*)\} (\S+)$")
+_DECISION = re.compile(r"^vllm:admission_decisions_total\{(.*)\} (\S+)$")
+
+
+def decisions(server: TritonServer, model: str) -> dict[str, float]:
+    """Admission decisions of ``model`` so far, by reason (admitted, refused_ttft, …)."""
+    text = httpx.get(server.metrics_url, timeout=10).text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _DECISION.match(line)
+        if match and f'model="{model}"' in match.group(1):
+            reason = re.search(r'decision="([^"]+)"', match.group(1)).group(1)  # type: ignore[union-attr]
+            found[reason] = float(match.group(2))
+    return found
 
 
 def error_buckets(server: TritonServer, model: str) -> dict[float, float]:
@@ -250,25 +264,31 @@ def overload_cells(
             modes = ["on", "off"] if (round_index + j) % 2 == 0 else ["off", "on"]
             for mode in modes:
                 name = f"{model}_{mode}"
-                before = error_buckets(server, name)
-                outcomes = asyncio.run(
-                    cell(
-                        server,
-                        name,
-                        contract,
-                        prompts,
-                        multiple * rate_s,
-                        args.warmup_s,
-                        args.duration_s,
-                        1000 * round_index + j,
+                before, decided = error_buckets(server, name), decisions(server, name)
+                with RoundWatch() as watch:
+                    outcomes = asyncio.run(
+                        cell(
+                            server,
+                            name,
+                            contract,
+                            prompts,
+                            multiple * rate_s,
+                            args.warmup_s,
+                            args.duration_s,
+                            1000 * round_index + j,
+                        )
                     )
-                )
+                assert watch.sample is not None
+                after = decisions(server, name)
                 result = {
                     "round": round_index,
                     "multiple": multiple,
                     "mode": mode,
                     **summary(outcomes, contract, args.duration_s),
                     "ttft_error_p50_at_most": median_bound(before, error_buckets(server, name)),
+                    # every request of the cell, warm-up and drain included
+                    "decisions": {k: v - decided.get(k, 0) for k, v in after.items()},
+                    "noise": watch.sample.model_dump(),
                 }
                 cells.append(result)
                 print(json.dumps(result))

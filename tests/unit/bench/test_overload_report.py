@@ -6,13 +6,15 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from tritonforge.bench.contract import OverloadTargets
+from tritonforge.bench.contract import Overload
 
 SCRIPT = Path(__file__).resolve().parents[3] / "perf" / "overload_report.py"
 spec = importlib.util.spec_from_file_location("overload_report", SCRIPT)
 assert spec and spec.loader
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
+
+OVERLOAD = Overload(saturation_multiples=[0.5, 1, 2], warmup_s=60, duration_s=200)
 
 
 def cell(round_: int, multiple: float, mode: str, goodput: float, **extra: Any) -> dict:
@@ -35,22 +37,18 @@ def run(low_on: list[float], low_off: list[float], high_off: list[float]) -> dic
 
 
 def test_admission_that_keeps_its_promises_meets_every_target() -> None:
-    rows = report.verdicts(
-        run([3.0, 3.1, 2.9], [3.05, 2.95, 3.0], [1.0, 0.0, 1.5]), OverloadTargets(), True
-    )
+    rows = report.verdicts(run([3.0, 3.1, 2.9], [3.05, 2.95, 3.0], [1.0, 0.0, 1.5]), OVERLOAD, True)
     assert [row["verdict"] for row in rows] == ["met"] * len(rows)
     gain = next(row for row in rows if "on / off" in row["target"])
     assert gain["per_round"] == [5.0, float("inf"), 3.333]  # none good without admission: inf
 
 
 def test_below_saturation_a_gap_beyond_each_modes_spread_is_missed() -> None:
-    rows = report.verdicts(
-        run([2.0, 2.1, 2.05], [3.0, 3.05, 2.95], [1.0] * 3), OverloadTargets(), True
-    )
+    rows = report.verdicts(run([2.0, 2.1, 2.05], [3.0, 3.05, 2.95], [1.0] * 3), OVERLOAD, True)
     low = next(row for row in rows if row["target"].startswith("goodput at 0.5x"))
     assert low["verdict"] == "missed"
 
 
 def test_a_busy_machine_gets_no_verdict() -> None:
-    rows = report.verdicts(run([3.0] * 3, [3.0] * 3, [1.0] * 3), OverloadTargets(), False)
+    rows = report.verdicts(run([3.0] * 3, [3.0] * 3, [1.0] * 3), OVERLOAD, False)
     assert {row["verdict"] for row in rows} == {"noisy"}
