@@ -17,8 +17,12 @@ request with ``prompt`` tokens, ``ahead`` tokens of prefill still queued before 
 * predicted TPOT of everyone once it joins = step(batch + 1)
 
 :class:`Admission` applies the rule: a request with an SLO is refused when its
-predicted TTFT exceeds ``slo_ttft_ms`` less the margin, or when the step after it
-joins exceeds (less the margin) its own ``slo_tpot_ms`` or that of any request running.
+predicted TTFT, scaled by how far actual TTFTs have run over their predictions (the
+``quantile`` of actual / predicted over the last admitted requests), exceeds
+``slo_ttft_ms`` less the margin, or when the step after it joins exceeds (less the
+margin) its own ``slo_tpot_ms`` or that of any request running. The scaling is what
+keeps a p95 promise: a prediction right on average still leaves half the requests
+above it.
 A request without an SLO is never refused here; nothing is refused before the
 predictor has seen ``min_samples`` first tokens (it could not say why). The model's
 runtime owns one and drops it with the engine, so a restarted engine starts afresh.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +53,8 @@ DECISIONS = (ADMITTED, NO_SLO, REFUSED_TTFT, REFUSED_TPOT)
 MODES = ("off", "observe", "on")
 #: TTFT errors kept between two metrics snapshots (older ones are dropped).
 MAX_PENDING_ERRORS = 4096
+#: Recent actual / predicted TTFT ratios the prediction's scaling is read from.
+RATIO_WINDOW = 256
 
 
 class SloUnattainable(EngineBusy):
@@ -92,6 +99,9 @@ class AdmissionSettings:
     min_samples: int = 8
     #: Weight of the newest observation in each EWMA.
     alpha: float = 0.2
+    #: Quantile of recent actual / predicted TTFT that scales a prediction before it is
+    #: compared with the SLO (0: no scaling). The SLOs are p95 promises.
+    quantile: float = 0.95
     #: Prompt tokens of "a typical request", for the predicted-TTFT gauge.
     typical_prompt_tokens: int = 256
 
@@ -106,6 +116,7 @@ class AdmissionSettings:
             ("margin", float, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("min_samples", int, lambda v: v >= 1, ">= 1"),
             ("alpha", float, lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("quantile", float, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("typical_prompt_tokens", int, lambda v: v >= 1, ">= 1"),
         )
         for name, kind, ok, rule in rules:
@@ -220,6 +231,7 @@ class Admission:
         self._requests: dict[str, _Tracked] = {}
         self._decisions = dict.fromkeys(DECISIONS, 0)
         self._errors: list[float] = []
+        self._ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
         self.predictor = LatencyPredictor(settings.alpha)
 
     def reset(self) -> None:
@@ -227,6 +239,7 @@ class Admission:
         with self._lock:
             self.predictor = LatencyPredictor(self.settings.alpha)
             self._requests.clear()
+            self._ratios.clear()
 
     def _queued_and_batch(self) -> tuple[int, int]:
         """Prefill tokens not yet served, and requests the engine is decoding (locked)."""
@@ -242,17 +255,27 @@ class Admission:
             queued, batch = self._queued_and_batch()
             work = queued + prompt_tokens
             predicted = self.predictor.ttft(work, batch + 1)
+            scaled = None if predicted is None else predicted * self._ttft_scale()
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
             else:
-                decision = self._judge(predicted, ttft_slo, tpot_slo, batch + 1)
+                decision = self._judge(scaled, ttft_slo, tpot_slo, batch + 1)
             self._decisions[decision] += 1
             if decision in (ADMITTED, NO_SLO):
                 self._requests[request_id] = _Tracked(
                     prompt_tokens, work, self._clock(), predicted, tpot_slo
                 )
                 return
-        self._refuse(decision, predicted, ttft_slo, tpot_slo, batch + 1)
+        self._refuse(decision, scaled, ttft_slo, tpot_slo, batch + 1)
+
+    def _ttft_scale(self) -> float:
+        """The ``quantile`` of recent actual / predicted TTFT; 1 until there are enough
+        (``min_samples``) or with quantile 0 (locked)."""
+        q = self.settings.quantile
+        if q <= 0 or len(self._ratios) < self.settings.min_samples:
+            return 1.0
+        ordered = sorted(self._ratios)
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
     def _judge(
         self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
@@ -307,6 +330,8 @@ class Admission:
                 if tracked.predicted_ttft_s is not None and ttft > 0:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
+                    if tracked.predicted_ttft_s > 0:
+                        self._ratios.append(ttft / tracked.predicted_ttft_s)
             else:
                 # every running request sees this step: a slow one (a prompt prefilled
                 # beside the decodes) must not weigh ``batch`` times more than the others

@@ -227,12 +227,49 @@ def test_snapshot_exports_counters_and_the_typical_prediction() -> None:
 # --- settings and model defaults -----------------------------------------------------
 
 
+def running_late(quantile: float) -> Admission:
+    """A predictor fixed at 150 ms for a 100-token prompt (1 ms a token, 50 ms a step)
+    whose last 20 requests all had their first token at 300 ms: twice the prediction."""
+    clock = Clock()
+    settings = AdmissionSettings(
+        mode="on", min_samples=4, margin=0.0, alpha=1e-9, quantile=quantile
+    )
+    admission = Admission(settings, clock=clock)
+    predictor = admission.predictor
+    predictor.prefill_s_per_token, predictor.step_s, predictor.samples = 0.001, {1: 0.05}, 10
+    for i in range(20):
+        admission.admit(f"r{i}", 100, SamplingParams())
+        clock.now += 0.3
+        admission.saw_tokens(f"r{i}", 1)
+        admission.release(f"r{i}")
+    return admission
+
+
+def test_a_prediction_is_scaled_by_how_far_actual_ttfts_ran_over_it() -> None:
+    """A p95 promise needs the prediction's error, not only its average: requests that
+    ran at twice their prediction make the next one count at twice its own."""
+    admission = running_late(quantile=0.95)
+    admission.admit("fits", 100, SamplingParams(slo_ttft_ms=400))  # 2 x 150 ms <= 400
+    admission.release("fits")
+    with pytest.raises(SloUnattainable, match="predicted TTFT 300 ms exceeds slo_ttft_ms 250"):
+        admission.admit("tight", 100, SamplingParams(slo_ttft_ms=250))  # 150 ms alone fits
+
+
+def test_quantile_zero_compares_the_prediction_itself() -> None:
+    admission = running_late(quantile=0.0)
+    admission.admit("tight", 100, SamplingParams(slo_ttft_ms=250))
+    assert admission.snapshot().decisions[REFUSED_TTFT] == 0
+
+
 def test_settings_from_parameters() -> None:
     assert AdmissionSettings.from_parameters({}).mode == "off"
     settings = AdmissionSettings.from_parameters(
         {"admission": "on", "admission_margin": "0.2", "admission_min_samples": "3"}
+        | {"admission_quantile": "0.9"}
     )
     assert settings.enabled and settings.margin == 0.2 and settings.min_samples == 3
+    assert settings.quantile == 0.9
+    assert AdmissionSettings.from_parameters({}).quantile == 0.95
 
 
 @pytest.mark.parametrize(
@@ -241,6 +278,7 @@ def test_settings_from_parameters() -> None:
         ({"admission": "maybe"}, "parameters.admission:"),
         ({"admission_margin": "1.5"}, "parameters.admission_margin: must be in [0, 1)"),
         ({"admission_min_samples": "x"}, "parameters.admission_min_samples:"),
+        ({"admission_quantile": "1"}, "parameters.admission_quantile: must be in [0, 1)"),
     ],
 )
 def test_bad_settings_name_the_parameter(parameters: dict, named: str) -> None:
