@@ -17,12 +17,12 @@ request with ``prompt`` tokens, ``ahead`` tokens of prefill still queued before 
 * predicted TPOT of everyone once it joins = step(batch + 1)
 
 :class:`Admission` applies the rule: a request with an SLO is refused when its
-predicted TTFT, scaled by how far actual TTFTs have run over their predictions (the
-``quantile`` of actual / predicted over the last admitted requests), exceeds
-``slo_ttft_ms`` less the margin, or when the step after it joins exceeds (less the
-margin) its own ``slo_tpot_ms`` or that of any request running. The scaling is what
-keeps a p95 promise: a prediction right on average still leaves half the requests
-above it.
+predicted TTFT exceeds ``slo_ttft_ms`` less the margin, or when the step after it joins
+exceeds (less the margin) its own ``slo_tpot_ms`` or that of any request running. Both
+predictions are first scaled by how far recent requests ran over theirs: the
+``quantile`` of actual / predicted TTFT, and of a finished request's mean TPOT / the
+step predicted when it joined. The scaling is what keeps a p95 promise: a prediction
+right on average still leaves half the requests above it.
 A request without an SLO is never refused here; nothing is refused before the
 predictor has seen ``min_samples`` first tokens (it could not say why). The model's
 runtime owns one and drops it with the engine, so a restarted engine starts afresh.
@@ -201,7 +201,10 @@ class _Tracked:
     arrived: float
     predicted_ttft_s: float | None
     slo_tpot_s: float | None
+    predicted_step_s: float | None = None  # the step predicted once it joined
     last_token_at: float | None = None
+    first_token_at: float | None = None
+    tokens_after_first: int = 0
 
 
 @dataclass
@@ -231,7 +234,9 @@ class Admission:
         self._requests: dict[str, _Tracked] = {}
         self._decisions = dict.fromkeys(DECISIONS, 0)
         self._errors: list[float] = []
-        self._ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
+        # recent actual / predicted TTFT, and mean TPOT / the step predicted at admission
+        self._ttft_ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
+        self._tpot_ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
         self.predictor = LatencyPredictor(settings.alpha)
 
     def reset(self) -> None:
@@ -239,7 +244,8 @@ class Admission:
         with self._lock:
             self.predictor = LatencyPredictor(self.settings.alpha)
             self._requests.clear()
-            self._ratios.clear()
+            self._ttft_ratios.clear()
+            self._tpot_ratios.clear()
 
     def _queued_and_batch(self) -> tuple[int, int]:
         """Prefill tokens not yet served, and requests the engine is decoding (locked)."""
@@ -255,7 +261,7 @@ class Admission:
             queued, batch = self._queued_and_batch()
             work = queued + prompt_tokens
             predicted = self.predictor.ttft(work, batch + 1)
-            scaled = None if predicted is None else predicted * self._ttft_scale()
+            scaled = None if predicted is None else predicted * self._scale(self._ttft_ratios)
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
             else:
@@ -263,19 +269,30 @@ class Admission:
             self._decisions[decision] += 1
             if decision in (ADMITTED, NO_SLO):
                 self._requests[request_id] = _Tracked(
-                    prompt_tokens, work, self._clock(), predicted, tpot_slo
+                    prompt_tokens,
+                    work,
+                    self._clock(),
+                    predicted,
+                    tpot_slo,
+                    self.predictor.step(batch + 1),
                 )
                 return
         self._refuse(decision, scaled, ttft_slo, tpot_slo, batch + 1)
 
-    def _ttft_scale(self) -> float:
-        """The ``quantile`` of recent actual / predicted TTFT; 1 until there are enough
-        (``min_samples``) or with quantile 0 (locked)."""
+    def _scale(self, ratios: deque[float]) -> float:
+        """The ``quantile`` of recent actual / predicted ``ratios``; 1 until there are
+        ``min_samples`` of them, or with quantile 0 (locked)."""
         q = self.settings.quantile
-        if q <= 0 or len(self._ratios) < self.settings.min_samples:
+        if q <= 0 or len(ratios) < self.settings.min_samples:
             return 1.0
-        ordered = sorted(self._ratios)
+        ordered = sorted(ratios)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+    def _step(self, batch: int) -> float | None:
+        """The step at ``batch``, scaled like a TTFT by how requests' mean TPOT ran over
+        the step predicted when they joined (locked)."""
+        step = self.predictor.step(batch)
+        return None if step is None else step * self._scale(self._tpot_ratios)
 
     def _judge(
         self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
@@ -286,7 +303,7 @@ class Admission:
         keep = 1.0 - self.settings.margin
         if ttft_slo is not None and predicted is not None and predicted > ttft_slo * keep:
             return REFUSED_TTFT
-        step = self.predictor.step(batch)
+        step = self._step(batch)
         tightest = min(
             [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
             + ([tpot_slo] if tpot_slo is not None else []),
@@ -308,8 +325,8 @@ class Admission:
             assert predicted is not None and ttft_slo is not None
             retry = math.ceil(max(predicted - ttft_slo, 1.0))
             raise SloUnattainable("TTFT", predicted * 1000, ttft_slo * 1000, retry)
-        step = self.predictor.step(batch) or 0.0
         with self._lock:
+            step = self._step(batch) or 0.0
             slos = [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
         tightest = min([*slos, *([tpot_slo] if tpot_slo is not None else [])])
         raise SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
@@ -331,18 +348,26 @@ class Admission:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
                     if tracked.predicted_ttft_s > 0:
-                        self._ratios.append(ttft / tracked.predicted_ttft_s)
+                        self._ttft_ratios.append(ttft / tracked.predicted_ttft_s)
+                tracked.first_token_at = now
             else:
                 # every running request sees this step: a slow one (a prompt prefilled
                 # beside the decodes) must not weigh ``batch`` times more than the others
                 gap = (now - tracked.last_token_at) / count
                 self.predictor.observe_step(batch, gap, weight=1 / max(batch, 1))
+                tracked.tokens_after_first += count
             tracked.last_token_at = now
 
     def release(self, request_id: str) -> None:
-        """The request ended (any way): it no longer waits nor runs."""
+        """The request ended (any way): it no longer waits nor runs; its mean TPOT
+        against the step predicted when it joined calibrates the TPOT rule."""
         with self._lock:
-            self._requests.pop(request_id, None)
+            tracked = self._requests.pop(request_id, None)
+            if tracked is None or not tracked.predicted_step_s or not tracked.tokens_after_first:
+                return
+            assert tracked.first_token_at is not None and tracked.last_token_at is not None
+            tpot = (tracked.last_token_at - tracked.first_token_at) / tracked.tokens_after_first
+            self._tpot_ratios.append(tpot / tracked.predicted_step_s)
 
     def export(self) -> None:
         """Hand a snapshot to the exporter (the metrics), if there is one."""

@@ -255,6 +255,26 @@ def test_a_prediction_is_scaled_by_how_far_actual_ttfts_ran_over_it() -> None:
         admission.admit("tight", 100, SamplingParams(slo_ttft_ms=250))  # 150 ms alone fits
 
 
+def test_the_step_is_scaled_by_how_far_requests_mean_tpot_ran_over_it() -> None:
+    """Requests alone on the engine were predicted 50 ms a step and got 100 ms a token:
+    the next one's step counts at 100 ms against its TPOT SLO."""
+    clock = Clock()
+    settings = AdmissionSettings(mode="on", min_samples=4, margin=0.0, alpha=1e-9)
+    admission = Admission(settings, clock=clock)
+    predictor = admission.predictor
+    predictor.prefill_s_per_token, predictor.step_s, predictor.samples = 1e-4, {1: 0.05}, 10
+    for i in range(6):
+        admission.admit(f"r{i}", 10, SamplingParams())
+        for _ in range(5):
+            clock.now += 0.1
+            admission.saw_tokens(f"r{i}", 1)
+        admission.release(f"r{i}")
+    admission.admit("loose", 10, SamplingParams(slo_tpot_ms=120))  # 2 x 50 ms fits
+    admission.release("loose")
+    with pytest.raises(SloUnattainable, match="predicted TPOT 100 ms exceeds slo_tpot_ms 80"):
+        admission.admit("tight", 10, SamplingParams(slo_tpot_ms=80))  # 50 ms alone fits
+
+
 def test_quantile_zero_compares_the_prediction_itself() -> None:
     admission = running_late(quantile=0.0)
     admission.admit("tight", 100, SamplingParams(slo_ttft_ms=250))
