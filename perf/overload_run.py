@@ -65,11 +65,21 @@ class Outcome:
     refused: bool = False
     error: str | None = None
 
-    def meets(self, ttft_s: float, tpot_s: float) -> bool:
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean seconds per token after the first, over the tokens that arrived."""
         if self.ttft_s is None or self.e2e_s is None or self.error or self.refused:
-            return False
-        tpot = (self.e2e_s - self.ttft_s) / max(self.tokens - 1, 1)
-        return self.ttft_s <= ttft_s and tpot <= tpot_s
+            return None
+        return (self.e2e_s - self.ttft_s) / max(self.tokens - 1, 1)
+
+    def meets(self, ttft_s: float, tpot_s: float) -> bool:
+        tpot = self.tpot_s
+        return (
+            tpot is not None
+            and self.ttft_s is not None
+            and self.ttft_s <= ttft_s
+            and tpot <= tpot_s
+        )
 
 
 def repository(model: str, into: Path) -> Path:
@@ -167,18 +177,30 @@ def summary(outcomes: list[Outcome], contract: Contract, duration_s: float) -> d
     good = [o for o in measured if o.meets(ttft_s, tpot_s)]
     refused = [o for o in measured if o.refused]
     admitted = [o for o in measured if not o.refused]
-    refusal_ms = sorted(1000 * (o.e2e_s or 0) for o in refused)
+    refusal_ms = [1000 * (o.e2e_s or 0) for o in refused]
     return {
         "offered": len(measured),
         "goodput_rps": len(good) / duration_s,
         "refused": len(refused),
         "failed": sum(1 for o in measured if o.error),
         "admitted_slo_share": len(good) / len(admitted) if admitted else None,
-        "refusal_p99_ms": refusal_ms[min(len(refusal_ms) - 1, int(0.99 * len(refusal_ms)))]
-        if refusal_ms
-        else None,
+        "refusal_p99_ms": quantile(refusal_ms, 0.99),
         "ttft_p50_s": statistics.median([o.ttft_s for o in admitted if o.ttft_s] or [0]),
+        # which promise the admitted requests broke, and by how much
+        "ttft_p95_s": quantile([o.ttft_s for o in admitted if o.ttft_s], 0.95),
+        "tpot_p50_s": quantile([o.tpot_s for o in admitted if o.tpot_s is not None], 0.5),
+        "tpot_p95_s": quantile([o.tpot_s for o in admitted if o.tpot_s is not None], 0.95),
+        "missed_ttft": sum(1 for o in admitted if o.ttft_s is not None and o.ttft_s > ttft_s),
+        "missed_tpot": sum(1 for o in admitted if (o.tpot_s or 0) > tpot_s),
     }
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values``; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 _BUCKET = re.compile(r"^vllm:ttft_prediction_error_ratio_bucket\{(.*)\} (\S+)$")
