@@ -53,7 +53,7 @@ DECISIONS = (ADMITTED, NO_SLO, REFUSED_TTFT, REFUSED_TPOT)
 MODES = ("off", "observe", "on")
 #: TTFT errors kept between two metrics snapshots (older ones are dropped).
 MAX_PENDING_ERRORS = 4096
-#: Recent actual / predicted TTFT ratios the prediction's scaling is read from.
+#: Recent actual / predicted ratios (TTFT; mean TPOT over the step) a scaling is read from.
 RATIO_WINDOW = 256
 
 
@@ -99,8 +99,8 @@ class AdmissionSettings:
     min_samples: int = 8
     #: Weight of the newest observation in each EWMA.
     alpha: float = 0.2
-    #: Quantile of recent actual / predicted TTFT that scales a prediction before it is
-    #: compared with the SLO (0: no scaling). The SLOs are p95 promises.
+    #: Quantile of recent actual / predicted (TTFT, and mean TPOT over the step) that
+    #: scales each prediction before it meets the SLO (0: no scaling). SLOs are p95s.
     quantile: float = 0.95
     #: Prompt tokens of "a typical request", for the predicted-TTFT gauge.
     typical_prompt_tokens: int = 256
