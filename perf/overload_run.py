@@ -203,32 +203,28 @@ def quantile(values: list[float], q: float) -> float | None:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-_BUCKET = re.compile(r"^vllm:ttft_prediction_error_ratio_bucket\{(.*)\} (\S+)$")
-_DECISION = re.compile(r"^vllm:admission_decisions_total\{(.*)\} (\S+)$")
+def samples(server: TritonServer, metric: str, model: str, label: str) -> dict[str, float]:
+    """``metric``'s samples for ``model`` on the metrics port, keyed by ``label``'s value."""
+    pattern = re.compile(rf"^{re.escape(metric)}\{{(.*)\}} (\S+)$")
+    found: dict[str, float] = {}
+    for line in httpx.get(server.metrics_url, timeout=10).text.splitlines():
+        match = pattern.match(line)
+        if match and f'model="{model}"' in match.group(1):
+            key = re.search(rf'{label}="([^"]+)"', match.group(1))
+            if key:
+                found[key.group(1)] = float(match.group(2))
+    return found
 
 
 def decisions(server: TritonServer, model: str) -> dict[str, float]:
     """Admission decisions of ``model`` so far, by reason (admitted, refused_ttft, …)."""
-    text = httpx.get(server.metrics_url, timeout=10).text
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _DECISION.match(line)
-        if match and f'model="{model}"' in match.group(1):
-            reason = re.search(r'decision="([^"]+)"', match.group(1)).group(1)  # type: ignore[union-attr]
-            found[reason] = float(match.group(2))
-    return found
+    return samples(server, "vllm:admission_decisions_total", model, "decision")
 
 
 def error_buckets(server: TritonServer, model: str) -> dict[float, float]:
     """Cumulative TTFT prediction-error histogram of ``model``: upper bound → count."""
-    text = httpx.get(server.metrics_url, timeout=10).text
-    found: dict[float, float] = {}
-    for line in text.splitlines():
-        match = _BUCKET.match(line)
-        if match and f'model="{model}"' in match.group(1):
-            le = re.search(r'le="([^"]+)"', match.group(1)).group(1)  # type: ignore[union-attr]
-            found[float(le)] = float(match.group(2))
-    return found
+    buckets = samples(server, "vllm:ttft_prediction_error_ratio_bucket", model, "le")
+    return {float(le): count for le, count in buckets.items()}
 
 
 def median_bound(before: dict[float, float], after: dict[float, float]) -> float | None:
