@@ -112,7 +112,7 @@ def verdicts(results: dict[str, Any], overload: Overload, quiet: bool) -> list[d
         ),
         (f"refused at {low:g}x = 0", figures(cells[(low, "on")], "refused"), 0, False),
         (
-            f"goodput at {low:g}x, |on - off| <= a mode's own spread ({spread:.3f} req/s)",
+            f"goodput at {low:g}x, abs(on - off) <= a mode's own spread ({spread:.3f} req/s)",
             gaps,
             spread,
             False,
