@@ -261,13 +261,13 @@ class Admission:
             queued, batch = self._queued_and_batch()
             work = queued + prompt_tokens
             predicted = self.predictor.ttft(work, batch + 1)
-            scaled = None if predicted is None else predicted * self._scale(self._ttft_ratios)
+            refusal = None
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
             else:
-                decision = self._judge(scaled, ttft_slo, tpot_slo, batch + 1)
+                decision, refusal = self._judge(predicted, ttft_slo, tpot_slo, batch + 1)
             self._decisions[decision] += 1
-            if decision in (ADMITTED, NO_SLO):
+            if refusal is None:
                 self._requests[request_id] = _Tracked(
                     prompt_tokens,
                     work,
@@ -277,7 +277,7 @@ class Admission:
                     self.predictor.step(batch + 1),
                 )
                 return
-        self._refuse(decision, scaled, ttft_slo, tpot_slo, batch + 1)
+        raise refusal
 
     def _scale(self, ratios: deque[float]) -> float:
         """The ``quantile`` of recent actual / predicted ``ratios``; 1 until there are
@@ -288,48 +288,34 @@ class Admission:
         ordered = sorted(ratios)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
-    def _step(self, batch: int) -> float | None:
-        """The step at ``batch``, scaled like a TTFT by how requests' mean TPOT ran over
-        the step predicted when they joined (locked)."""
-        step = self.predictor.step(batch)
-        return None if step is None else step * self._scale(self._tpot_ratios)
-
     def _judge(
         self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
-    ) -> str:
-        """ADMITTED, or the reason to refuse (locked; the predictor must be calibrated)."""
+    ) -> tuple[str, SloUnattainable | None]:
+        """The decision, and the refusal to raise once unlocked (locked).
+
+        Predictions are scaled (:meth:`_scale`) only here, where a refusal is possible:
+        a model that observes, or a request without the SLO, pays nothing for it.
+        """
         if not self.settings.enabled or self.predictor.samples < self.settings.min_samples:
-            return ADMITTED
+            return ADMITTED, None
         keep = 1.0 - self.settings.margin
-        if ttft_slo is not None and predicted is not None and predicted > ttft_slo * keep:
-            return REFUSED_TTFT
-        step = self._step(batch)
+        if ttft_slo is not None and predicted is not None:
+            scaled = predicted * self._scale(self._ttft_ratios)
+            if scaled > ttft_slo * keep:
+                retry = math.ceil(max(scaled - ttft_slo, 1.0))
+                return REFUSED_TTFT, SloUnattainable("TTFT", scaled * 1000, ttft_slo * 1000, retry)
+        step = self.predictor.step(batch)
         tightest = min(
             [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
             + ([tpot_slo] if tpot_slo is not None else []),
             default=None,
         )
-        if step is not None and tightest is not None and step > tightest * keep:
-            return REFUSED_TPOT
-        return ADMITTED
-
-    def _refuse(
-        self,
-        decision: str,
-        predicted: float | None,
-        ttft_slo: float | None,
-        tpot_slo: float | None,
-        batch: int,
-    ) -> None:
-        if decision == REFUSED_TTFT:
-            assert predicted is not None and ttft_slo is not None
-            retry = math.ceil(max(predicted - ttft_slo, 1.0))
-            raise SloUnattainable("TTFT", predicted * 1000, ttft_slo * 1000, retry)
-        with self._lock:
-            step = self._step(batch) or 0.0
-            slos = [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
-        tightest = min([*slos, *([tpot_slo] if tpot_slo is not None else [])])
-        raise SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
+        if step is not None and tightest is not None:
+            # scaled like a TTFT, by how requests' mean TPOT ran over their predicted step
+            step *= self._scale(self._tpot_ratios)
+            if step > tightest * keep:
+                return REFUSED_TPOT, SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
+        return ADMITTED, None
 
     def saw_tokens(self, request_id: str, count: int) -> None:
         """The engine produced ``count`` tokens of the request: calibrate on them."""
@@ -359,8 +345,8 @@ class Admission:
             tracked.last_token_at = now
 
     def release(self, request_id: str) -> None:
-        """The request ended (any way): it no longer waits nor runs; its mean TPOT
-        against the step predicted when it joined calibrates the TPOT rule."""
+        """Forget a finished, cancelled or failed request; its mean TPOT over the step
+        predicted when it joined feeds the TPOT rule's scaling."""
         with self._lock:
             tracked = self._requests.pop(request_id, None)
             if tracked is None or not tracked.predicted_step_s or not tracked.tokens_after_first:
