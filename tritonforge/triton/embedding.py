@@ -8,12 +8,15 @@ request with its rows. A request that breaks a rule (no prompt, empty, too long,
 UTF-8, token id out of range) gets its own INVALID_ARG naming the input and the row,
 checked before the engine call, so it never fails the requests batched with it.
 
-A backend's ``model.py`` is two lines: ``make_embedding_model(SomeEmbedder)``.
+A backend's ``model.py`` is two lines: ``make_embedding_model("package.module:Embedder")``;
+the embedder is imported when the model loads, never in the auto-complete stub (model.py
+beside this says why).
 """
 
 from __future__ import annotations
 
 import json
+import pkgutil
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +57,10 @@ def _text(value: Any, field: str) -> str:
 
 
 class EmbeddingModel:
-    """Base of every embedding ``TritonPythonModel``; subclasses set ``engine_class``."""
+    """Base of every embedding ``TritonPythonModel``; subclasses set ``engine_name``."""
 
-    engine_class: type[Embedder]
+    #: ``"package.module:Class"`` of the embedder, imported by :meth:`initialize` only.
+    engine_name: str
 
     @classmethod
     def auto_complete_config(cls, config: Any) -> Any:
@@ -84,8 +88,9 @@ class EmbeddingModel:
                 "config.pbtxt; the model embeds a whole batch in one engine call"
             )
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        settings = load_engine_config(version_dir, self.engine_class.config_file.name)
-        self.engine = self.engine_class.from_config(settings, version_dir)
+        engine_class: type[Embedder] = pkgutil.resolve_name(self.engine_name)
+        settings = load_engine_config(version_dir, engine_class.config_file.name)
+        self.engine = engine_class.from_config(settings, version_dir)
         # Whatever ends this stub, its engine's processes end with it (reaper.py).
         self._reaper = start_reaper()
         self.engine.start()
@@ -151,6 +156,6 @@ class EmbeddingModel:
         self.engine.shutdown()
 
 
-def make_embedding_model(engine_class: type[Embedder]) -> type[EmbeddingModel]:
-    """The ``TritonPythonModel`` class for one embedding engine."""
-    return type("TritonPythonModel", (EmbeddingModel,), {"engine_class": engine_class})
+def make_embedding_model(engine_name: str) -> type[EmbeddingModel]:
+    """The ``TritonPythonModel`` class for one embedding engine (``"package.module:Class"``)."""
+    return type("TritonPythonModel", (EmbeddingModel,), {"engine_name": engine_name})

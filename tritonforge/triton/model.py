@@ -8,7 +8,10 @@ Clients speaking another request dialect (:mod:`tritonforge.serving.dialects`) h
 tensors mapped onto the common schema here, before parsing. A request carrying
 ``lora_control`` loads or unloads a LoRA adapter instead of generating
 (:mod:`tritonforge.serving.lora_control`). A backend's ``model.py``
-is two lines: ``make_model(SomeEngine)`` (plus its dialect, if it has one).
+is two lines: ``make_model("package.module:SomeEngine")`` (plus its dialect, if it has
+one). The engine is named, not imported: Triton's Python backend runs
+``auto_complete_config`` in a stub of its own before the model's real stub starts, and
+importing an engine there (vLLM brings torch) would pay each load's import twice.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import pkgutil
 import threading
 import time
 from pathlib import Path
@@ -194,9 +198,10 @@ def _request_parameters(request: Any) -> dict[str, Any]:
 
 
 class LLMModel:
-    """Base of every LLM ``TritonPythonModel``; subclasses set ``engine_class``."""
+    """Base of every LLM ``TritonPythonModel``; subclasses set ``engine_name``."""
 
-    engine_class: type[Engine]
+    #: ``"package.module:Class"`` of the engine, imported by :meth:`initialize` only.
+    engine_name: str
     #: The request dialect clients may speak besides the common schema.
     dialect: Dialect = COMMON
 
@@ -228,8 +233,9 @@ class LLMModel:
             for key, value in model_config.get("parameters", {}).items()
         }
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        engine_config = load_engine_config(version_dir, self.engine_class.config_file.name)
-        engine = self.engine_class.from_config(engine_config, version_dir)
+        engine_class: type[Engine] = pkgutil.resolve_name(self.engine_name)
+        engine_config = load_engine_config(version_dir, engine_class.config_file.name)
+        engine = engine_class.from_config(engine_config, version_dir)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.model_name = args["model_name"]
         self.restart_policy = RestartPolicy.from_parameters(parameters)
@@ -353,7 +359,8 @@ class LLMModel:
             self._restart()
 
 
-def make_model(engine_class: type[Engine], dialect: Dialect = COMMON) -> type[LLMModel]:
-    """The ``TritonPythonModel`` class for one engine and the request dialect it accepts."""
-    attributes = {"engine_class": engine_class, "dialect": dialect}
+def make_model(engine_name: str, dialect: Dialect = COMMON) -> type[LLMModel]:
+    """The ``TritonPythonModel`` class for one engine (``"package.module:Class"``, imported
+    when the model loads) and the request dialect it accepts."""
+    attributes = {"engine_name": engine_name, "dialect": dialect}
     return type("TritonPythonModel", (LLMModel,), attributes)
