@@ -8,6 +8,8 @@ inconclusive), so a single lucky round decides nothing.
 
 Reads ``results.json`` (and ``noise.jsonl`` when the run was watched for other
 processes' CPU), writes ``verdicts.json`` and prints the cells and verdicts as Markdown.
+A target whose cells recorded their own noise is "noisy" only when one of those cells
+was; without per-cell samples the whole run's windows decide for every target.
 """
 
 from __future__ import annotations
@@ -70,8 +72,20 @@ def low_load_gap(
     return gaps, max((max(v) - min(v) for v in each if v), default=0.0)
 
 
-def verdicts(results: dict[str, Any], overload: Overload, quiet: bool) -> list[dict[str, Any]]:
-    """One row per target of the contract, judged from its per-round figures."""
+def cells_quiet(cells: list[dict[str, Any]], max_foreign: float, run_quiet: bool) -> bool:
+    """Whether other processes stayed under ``max_foreign`` of the CPU in every one of
+    ``cells``; ``run_quiet`` (the whole run's windows) where a cell sampled none."""
+    shares = [c["noise"]["foreign_cpu_share_during"] for c in cells if "noise" in c]
+    if not cells or len(shares) < len(cells):
+        return run_quiet
+    return bool(max(shares) <= max_foreign)
+
+
+def verdicts(
+    results: dict[str, Any], overload: Overload, run_quiet: bool, max_foreign: float = 0.1
+) -> list[dict[str, Any]]:
+    """One row per target of the contract, judged from its per-round figures, "noisy"
+    when a cell it reads (:func:`cells_quiet`) was not quiet."""
     targets, cells = overload.targets, by_cell(results)
     at, low = targets.at_multiple, overload.slo_check_multiple
     peak = results["sweep_peak_goodput_rps"] or 0.0
@@ -84,38 +98,44 @@ def verdicts(results: dict[str, Any], overload: Overload, quiet: bool) -> list[d
     ]
     gaps, spread = low_load_gap(cells[(low, "on")], cells[(low, "off")])
     all_on = [c for (_, mode), cs in cells.items() if mode == "on" for c in cs]
-    judged = [  # (target, per-round figures, threshold, higher is better)
+    low_on, low_off = cells[(low, "on")], cells[(low, "off")]
+    judged = [  # (target, per-round figures, threshold, higher is better, cells read)
         (
             f"goodput with admission at {at:g}x / the sweep's peak ({peak:.2f} req/s)"
             f" >= {targets.min_goodput_share_of_peak:g}",
             [g / peak for g in figures(on, "goodput_rps")] if peak else [],
             targets.min_goodput_share_of_peak,
             True,
+            on,
         ),
         (
             f"goodput at {at:g}x, admission on / off >= {targets.min_goodput_gain:g}",
             gains,
             targets.min_goodput_gain,
             True,
+            on + off,
         ),
         (
             f"admitted requests within SLO at {at:g}x >= {targets.min_admitted_slo_share:g}",
             figures(on, "admitted_slo_share"),
             targets.min_admitted_slo_share,
             True,
+            on,
         ),
         (
             f"refusal p99 at {at:g}x <= {targets.max_refusal_p99_ms:g} ms",
             figures(on, "refusal_p99_ms"),
             targets.max_refusal_p99_ms,
             False,
+            on,
         ),
-        (f"refused at {low:g}x = 0", figures(cells[(low, "on")], "refused"), 0, False),
+        (f"refused at {low:g}x = 0", figures(low_on, "refused"), 0, False, low_on),
         (
             f"goodput at {low:g}x, abs(on - off) <= a mode's own spread ({spread:.3f} req/s)",
             gaps,
             spread,
             False,
+            low_on + low_off,
         ),
         (
             f"TTFT prediction error p50 <= {targets.max_ttft_error_p50:g}"
@@ -123,11 +143,18 @@ def verdicts(results: dict[str, Any], overload: Overload, quiet: bool) -> list[d
             figures(all_on, "ttft_error_p50_at_most"),
             targets.max_ttft_error_p50,
             False,
+            all_on,
         ),
     ]
     return [
-        row(text, [float(v) for v in values], threshold, higher, quiet)
-        for text, values, threshold, higher in judged
+        row(
+            text,
+            [float(v) for v in values],
+            threshold,
+            higher,
+            cells_quiet(read, max_foreign, run_quiet),
+        )
+        for text, values, threshold, higher, read in judged
     ]
 
 
@@ -190,7 +217,8 @@ def main() -> None:
     assert contract.overload is not None
     foreign = foreign_shares(run, results)
     quiet = bool(foreign) and max(foreign) <= contract.load.max_foreign_cpu_share
-    rows = verdicts(results, contract.overload, quiet)
+    limit = contract.load.max_foreign_cpu_share
+    rows = verdicts(results, contract.overload, quiet, limit)
     verdict_file = {"machine_quiet": quiet, "targets": rows}
     (run / "verdicts.json").write_text(json.dumps(verdict_file, indent=1) + "\n")
     print(markdown(results, rows, foreign))

@@ -12,10 +12,12 @@ Poisson arrivals, each carrying the contract's SLO as its own ``slo_ttft_ms`` /
         --duration-s 90 --warmup-s 15 --rounds 1
 
 Phases: a short saturation sweep on ``_off`` (the highest rate whose goodput share is
->= 0.9 and whose completions kept up) unless ``--saturation`` gives it; the SLO check
-and the overload cells at each multiple, modes alternating and the order rotated per
-round. ``--duration-s``/``--warmup-s``/``--rounds`` below the contract's make a reduced
-run, which the results say. Results: perf/results/overload/<UTC>/results.json (logs without
+>= 0.9 and whose completions kept up) unless ``--saturation`` gives it, or
+``--saturation-from`` takes it (and the sweep's peak goodput) from an earlier run's
+results; the SLO check and the overload cells at each multiple, modes alternating and
+the order rotated per round. ``--duration-s``/``--warmup-s``/``--rounds`` below the
+contract's make a reduced run, and ``--multiples`` (some of the contract's) a partial
+one; the results say both. Results: perf/results/overload/<UTC>/results.json (logs without
 this machine's paths); perf/overload_report.py judges them against the contract's targets.
 """
 
@@ -274,7 +276,7 @@ def overload_cells(
 ) -> list[dict[str, Any]]:
     """Every multiple x mode x round; modes alternate and multiples rotate per round."""
     assert contract.overload is not None
-    multiples = list(contract.overload.saturation_multiples)
+    multiples = list(args.multiples)
     cells = []
     for round_index in range(args.rounds):
         order = multiples[round_index:] + multiples[:round_index]
@@ -314,7 +316,10 @@ def overload_cells(
 
 
 def environment() -> dict[str, Any]:
+    """Versions, the CPU, and the code the server ran (refused if launched from elsewhere)."""
     import vllm
+
+    from tritonforge.bench.environment import served_code
 
     cpu = next(
         (
@@ -330,6 +335,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "vllm": vllm.__version__,
         "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
+        "served_code": served_code().model_dump(),
     }
 
 
@@ -339,6 +345,12 @@ def main() -> None:
     parser.add_argument("--sweep", default="0.25,0.5,1,1.5,2,3", help="rates (req/s)")
     parser.add_argument("--sweep-s", type=float, default=120, help="seconds per sweep rate")
     parser.add_argument("--saturation", type=float, help="skip the sweep: this rate (req/s)")
+    parser.add_argument(
+        "--saturation-from",
+        type=Path,
+        help="skip the sweep: the saturation rate and peak goodput of this earlier run's dir",
+    )
+    parser.add_argument("--multiples", help="some of the contract's multiples, e.g. 0.5,2")
     parser.add_argument("--duration-s", type=float, help="default: the contract's")
     parser.add_argument("--warmup-s", type=float, help="default: the contract's")
     parser.add_argument("--rounds", type=int, help="default: the contract's")
@@ -348,6 +360,16 @@ def main() -> None:
     args.duration_s = args.duration_s or contract.overload.duration_s
     args.warmup_s = contract.overload.warmup_s if args.warmup_s is None else args.warmup_s
     args.rounds = args.rounds or contract.overload.rounds
+    every = list(contract.overload.saturation_multiples)
+    args.multiples = [float(m) for m in args.multiples.split(",")] if args.multiples else every
+    if unknown := set(args.multiples) - set(every):
+        parser.error(f"--multiples: {sorted(unknown)} are not among the contract's {every}")
+    earlier = None
+    if args.saturation_from:
+        args.saturation_from = args.saturation_from.resolve()
+        earlier = json.loads((args.saturation_from / "results.json").read_text())
+        args.saturation = earlier["saturation_rps"]
+    env = environment()  # before the run: a run of the wrong tree's code stops here
     model = contract.targets[0].model or "vllm_model"
     prompts = PromptBuilder.for_model(CACHE_DIR / "models" / contract.model)
     out = REPO / "perf/results/overload" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -361,7 +383,7 @@ def main() -> None:
         ) as server,
     ):
         sweep: list[dict[str, Any]] = []
-        peak = None
+        peak = earlier["sweep_peak_goodput_rps"] if earlier else None
         rates = [float(r) for r in args.sweep.split(",")]
         if args.saturation:
             rate_s = args.saturation
@@ -381,8 +403,14 @@ def main() -> None:
         "contract": str(args.contract.relative_to(REPO)),
         "contract_sha256": digest,
         "reduced": reduced,
-        "settings": {k: v for k, v in vars(args).items() if k != "contract"},
-        "environment": environment(),
+        "partial": sorted(args.multiples) != sorted(every),
+        "saturation_from": (
+            str(args.saturation_from.relative_to(REPO)) if args.saturation_from else None
+        ),
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("contract", "saturation_from")
+        },
+        "environment": env,
         "saturation_rps": rate_s or rates[0],
         "saturation_held": bool(rate_s),
         "sweep_peak_goodput_rps": peak,

@@ -52,3 +52,25 @@ def test_below_saturation_a_gap_beyond_each_modes_spread_is_missed() -> None:
 def test_a_busy_machine_gets_no_verdict() -> None:
     rows = report.verdicts(run([3.0] * 3, [3.0] * 3, [1.0] * 3), OVERLOAD, False)
     assert {row["verdict"] for row in rows} == {"noisy"}
+
+
+def _noisy(results: dict[str, Any], multiple: float, mode: str, share: float) -> dict[str, Any]:
+    """Every cell sampled its noise: quiet ones 0.01, ``multiple`` x ``mode`` ``share``."""
+    for c in results["cells"]:
+        noisy = (c["multiple"], c["mode"]) == (multiple, mode)
+        c["noise"] = {"foreign_cpu_share_during": share if noisy else 0.01}
+    return results
+
+
+def test_a_noisy_cell_makes_only_the_targets_that_read_it_noisy() -> None:
+    results = _noisy(run([3.0] * 3, [3.0] * 3, [1.0] * 3), 0.5, "off", 0.2)
+    rows = {row["target"]: row["verdict"] for row in report.verdicts(results, OVERLOAD, False)}
+    noisy = {target for target, verdict in rows.items() if verdict == "noisy"}
+    assert noisy == {next(t for t in rows if t.startswith("goodput at 0.5x"))}
+    assert rows[next(t for t in rows if t.startswith("refused at 0.5x"))] == "met"
+
+
+def test_per_cell_samples_under_the_bound_are_quiet_whatever_the_run_windows_say() -> None:
+    results = _noisy(run([3.0] * 3, [3.0] * 3, [1.0] * 3), 2, "on", 0.05)
+    rows = report.verdicts(results, OVERLOAD, False, max_foreign=0.1)
+    assert "noisy" not in {row["verdict"] for row in rows}
