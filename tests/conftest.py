@@ -7,7 +7,9 @@ this machine. Tests marked ``last`` (shutdown checks) run after all others.
 ``TRITONFORGE_TEST_ENGINE_OVERRIDES`` (a JSON object, e.g. ``{"dtype": "float32"}``)
 serves a copy of the repository whose ``vllm_model`` engine settings carry those
 values: ``make test-numerics`` reruns the tests marked ``numerics`` that way, so a test
-that hard-codes what the model says fails here, not first on another CPU.
+that hard-codes what the model says fails here, not first on another CPU. The
+overrides change vLLM's numerics only, so that run serves and selects no test of the
+other engines' models (:data:`NUMERICS_UNTOUCHED_MODELS`): they ran in the main pass.
 
 Layout, by kind: ``unit/`` needs no server (some need the built C++ tokenizer or a
 compiler), ``contract/`` drives adapters against stand-ins of engine APIs that cannot
@@ -41,6 +43,12 @@ OWN_SERVER_MODELS = (
 )
 
 
+#: Models the engine overrides leave as they are: ``make test-numerics`` deselects their
+#: tests and does not serve them.
+NUMERICS_UNTOUCHED_MODELS = ("llamacpp_model", "tensorrt_llm_model", "synthetic_model")
+OVERRIDES_ENV = "TRITONFORGE_TEST_ENGINE_OVERRIDES"
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -52,13 +60,25 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def _untouched(item: pytest.Item) -> bool:
+    """Whether the test is parametrized on a model the engine overrides do not change."""
+    params = getattr(item, "callspec", None)
+    values = params.params.values() if params is not None else ()
+    return any(value in NUMERICS_UNTOUCHED_MODELS for value in values)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(OVERRIDES_ENV):
+        deselected = [item for item in items if _untouched(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if not _untouched(item)]
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 
 
 def _repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """model_repository/, or a copy with the engine overrides applied to vllm_model."""
-    overrides = os.environ.get("TRITONFORGE_TEST_ENGINE_OVERRIDES")
+    overrides = os.environ.get(OVERRIDES_ENV)
     if not overrides:
         return MODEL_REPOSITORY
     copy = tmp_path_factory.mktemp("repository") / "model_repository"
@@ -83,10 +103,11 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     only = os.environ.get("TRITONFORGE_TEST_MODELS")  # comma-separated subset, for development
     # TRITONFORGE_TEST_SERVER_ARGS: extra tritonserver flags, e.g. "--log-verbose=1"
     repository = _repository(tmp_path_factory)
+    left_out = OWN_SERVER_MODELS + (
+        NUMERICS_UNTOUCHED_MODELS if os.environ.get(OVERRIDES_ENV) else ()
+    )
     models = (
-        only.split(",")
-        if only
-        else [m for m in available_models(repository) if m not in OWN_SERVER_MODELS]
+        only.split(",") if only else [m for m in available_models(repository) if m not in left_out]
     )
     server = TritonServer.on_free_ports(
         repository=repository,
