@@ -186,6 +186,7 @@ def summary(outcomes: list[Outcome], contract: Contract, duration_s: float) -> d
         "refused": len(refused),
         "failed": sum(1 for o in measured if o.error),
         "admitted_slo_share": len(good) / len(admitted) if admitted else None,
+        "refusal_p50_ms": quantile(refusal_ms, 0.5),
         "refusal_p99_ms": quantile(refusal_ms, 0.99),
         "ttft_p50_s": statistics.median([o.ttft_s for o in admitted if o.ttft_s] or [0]),
         # which promise the admitted requests broke, and by how much
