@@ -47,6 +47,7 @@ install+=($(printf -- '-r %s ' "${extras[@]}"))
 llamacpp=requirements/llamacpp.txt
 wheels=.cache/wheels
 stamp="$VENV/.tritonforge-$(cat "$lock" "${extras[@]}" "$llamacpp" pyproject.toml | sha256sum | cut -c1-16)"
+builder=""
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing pinned dependencies from $lock (first run: a few minutes)" >&2
   "$VENV/bin/pip" install -q --upgrade "pip==24.3.1"
@@ -54,16 +55,14 @@ if [ ! -f "$stamp" ]; then
   CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
     "$VENV/bin/pip" wheel -q --no-deps -w "$wheels" -r "$llamacpp" >"$wheels/build.log" 2>&1 &
   builder=$!
+  # A step that fails below leaves no compile running on.
+  trap '[ -n "$builder" ] && kill "$builder" 2>/dev/null; true' EXIT
   "${install[@]}"
-  if ! wait "$builder"; then
-    tail -40 "$wheels/build.log" >&2
-    echo "bootstrap: building llama-cpp-python failed (log: $wheels/build.log)" >&2
-    exit 1
-  fi
-  "$VENV/bin/pip" install -q --no-deps --find-links "$wheels" -r "$llamacpp"
   "$VENV/bin/pip" install -q --no-deps -e .
-  rm -f "$VENV"/.tritonforge-* && touch "$stamp"
 fi
+
+# The steps below need the locked stack and this package, not llama.cpp: on a first run
+# they go on while its wheel is still compiling.
 
 # The C++ tokenizer: Triton backend under build/backends, pybind11 module into .venv.
 PYTHON="$VENV/bin/python" scripts/build_tokenizer.sh
@@ -74,3 +73,14 @@ PYTHON="$VENV/bin/python" scripts/build_tokenizer.sh
 # The LoRA adapters vllm_lora_model serves: made with peft on the default model (seeded,
 # rank 8 on q_proj/v_proj, safetensors under .cache/models/loras), never downloaded.
 "$VENV/bin/python" -m tritonforge.launch.lora_store >/dev/null
+
+if [ -n "$builder" ]; then
+  if ! wait "$builder"; then
+    tail -40 "$wheels/build.log" >&2
+    echo "bootstrap: building llama-cpp-python failed (log: $wheels/build.log)" >&2
+    exit 1
+  fi
+  builder=""
+  "$VENV/bin/pip" install -q --no-deps --find-links "$wheels" -r "$llamacpp"
+  rm -f "$VENV"/.tritonforge-* && touch "$stamp"
+fi
