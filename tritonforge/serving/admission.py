@@ -21,8 +21,12 @@ predicted TTFT exceeds ``slo_ttft_ms`` less the margin, or when the step after i
 exceeds (less the margin) its own ``slo_tpot_ms`` or that of any request running. Both
 predictions are first scaled by how far recent requests ran over theirs: the
 ``quantile`` of actual / predicted TTFT, and of a finished request's mean TPOT / the
-step predicted when it joined. The scaling is what keeps a p95 promise: a prediction
-right on average still leaves half the requests above it.
+step predicted at the mean batch it decoded in. The scaling is what keeps a p95
+promise: a prediction right on average still leaves half the requests above it. The
+TPOT ratio compares like with like on purpose: against the step predicted when the
+request joined, a request that joined a batch of one and decoded in a batch of six
+counts the batch's growth as error, and the inflated scale refuses everything at low
+load; with nothing admitted no request finishes to correct it.
 A request without an SLO is never refused here; nothing is refused before the
 predictor has seen ``min_samples`` first tokens (it could not say why). The model's
 runtime owns one and drops it with the engine, so a restarted engine starts afresh.
@@ -201,10 +205,10 @@ class _Tracked:
     arrived: float
     predicted_ttft_s: float | None
     slo_tpot_s: float | None
-    predicted_step_s: float | None = None  # the step predicted once it joined
     last_token_at: float | None = None
     first_token_at: float | None = None
     tokens_after_first: int = 0
+    batch_tokens: int = 0  # sum of the running batch over its tokens after the first
 
 
 @dataclass
@@ -269,12 +273,7 @@ class Admission:
             self._decisions[decision] += 1
             if refusal is None:
                 self._requests[request_id] = _Tracked(
-                    prompt_tokens,
-                    work,
-                    self._clock(),
-                    predicted,
-                    tpot_slo,
-                    self.predictor.step(batch + 1),
+                    prompt_tokens, work, self._clock(), predicted, tpot_slo
                 )
                 return
         raise refusal
@@ -342,18 +341,22 @@ class Admission:
                 gap = (now - tracked.last_token_at) / count
                 self.predictor.observe_step(batch, gap, weight=1 / max(batch, 1))
                 tracked.tokens_after_first += count
+                tracked.batch_tokens += max(batch, 1) * count
             tracked.last_token_at = now
 
     def release(self, request_id: str) -> None:
         """Forget a finished, cancelled or failed request; its mean TPOT over the step
-        predicted when it joined feeds the TPOT rule's scaling."""
+        predicted at the mean batch it decoded in feeds the TPOT rule's scaling."""
         with self._lock:
             tracked = self._requests.pop(request_id, None)
-            if tracked is None or not tracked.predicted_step_s or not tracked.tokens_after_first:
+            if tracked is None or not tracked.tokens_after_first:
                 return
             assert tracked.first_token_at is not None and tracked.last_token_at is not None
-            tpot = (tracked.last_token_at - tracked.first_token_at) / tracked.tokens_after_first
-            self._tpot_ratios.append(tpot / tracked.predicted_step_s)
+            tokens = tracked.tokens_after_first
+            predicted = self.predictor.step(round(tracked.batch_tokens / tokens))
+            if predicted:
+                tpot = (tracked.last_token_at - tracked.first_token_at) / tokens
+                self._tpot_ratios.append(tpot / predicted)
 
     def export(self) -> None:
         """Hand a snapshot to the exporter (the metrics), if there is one."""

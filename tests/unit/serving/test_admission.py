@@ -275,6 +275,37 @@ def test_the_step_is_scaled_by_how_far_requests_mean_tpot_ran_over_it() -> None:
         admission.admit("tight", 10, SamplingParams(slo_tpot_ms=80))  # 50 ms alone fits
 
 
+def test_a_batch_that_grew_after_a_request_joined_is_not_counted_as_error() -> None:
+    """Eight requests joined an idle engine (step 20 ms predicted at batch 1) and decoded
+    together at 100 ms, as predicted for batch 8: the step predictor was right. The next
+    request joining three must be judged on step(4), not on step(4) x 5 — that scale
+    refused every request at half the saturation rate, and with nothing admitted nothing
+    finished to bring it down."""
+    clock = Clock()
+    settings = AdmissionSettings(mode="on", min_samples=4, margin=0.1, alpha=1e-9)
+    admission = Admission(settings, clock=clock)
+    predictor = admission.predictor
+    predictor.prefill_s_per_token, predictor.samples = 1e-4, 10
+    predictor.step_s = {1: 0.02, 8: 0.1}
+    batch = [f"r{i}" for i in range(8)]
+    for request_id in batch:
+        admission.admit(request_id, 10, SamplingParams(slo_tpot_ms=150))
+    clock.now = 0.5
+    for request_id in batch:
+        admission.saw_tokens(request_id, 1)
+    for _ in range(5):
+        clock.now += 0.1
+        for request_id in batch:
+            admission.saw_tokens(request_id, 1)
+    for request_id in batch:
+        admission.release(request_id)
+    for request_id in ("a", "b", "c"):
+        admission.admit(request_id, 10, SamplingParams())
+        admission.saw_tokens(request_id, 1)
+    admission.admit("joiner", 10, SamplingParams(slo_tpot_ms=150))  # step(4) ~ 54 ms
+    assert admission.snapshot().decisions[REFUSED_TPOT] == 0
+
+
 def test_quantile_zero_compares_the_prediction_itself() -> None:
     admission = running_late(quantile=0.0)
     admission.admit("tight", 100, SamplingParams(slo_ttft_ms=250))
