@@ -81,11 +81,12 @@ def cells_quiet(cells: list[dict[str, Any]], max_foreign: float, run_quiet: bool
     return bool(max(shares) <= max_foreign)
 
 
-def verdicts(
-    results: dict[str, Any], overload: Overload, run_quiet: bool, max_foreign: float = 0.1
-) -> list[dict[str, Any]]:
-    """One row per target of the contract, judged from its per-round figures, "noisy"
-    when a cell it reads (:func:`cells_quiet`) was not quiet."""
+#: A target: its text, per-round figures, threshold, higher is better, the cells it reads.
+Target = tuple[str, list[float], float, bool, list[dict[str, Any]]]
+
+
+def contract_targets(results: dict[str, Any], overload: Overload) -> list[Target]:
+    """Each of the contract's targets with the figures and cells it is judged from."""
     targets, cells = overload.targets, by_cell(results)
     at, low = targets.at_multiple, overload.slo_check_multiple
     peak = results["sweep_peak_goodput_rps"] or 0.0
@@ -96,10 +97,10 @@ def verdicts(
         for b in off
         if a["round"] == b["round"]
     ]
-    gaps, spread = low_load_gap(cells[(low, "on")], cells[(low, "off")])
-    all_on = [c for (_, mode), cs in cells.items() if mode == "on" for c in cs]
     low_on, low_off = cells[(low, "on")], cells[(low, "off")]
-    judged = [  # (target, per-round figures, threshold, higher is better, cells read)
+    gaps, spread = low_load_gap(low_on, low_off)
+    all_on = [c for (_, mode), cs in cells.items() if mode == "on" for c in cs]
+    return [
         (
             f"goodput with admission at {at:g}x / the sweep's peak ({peak:.2f} req/s)"
             f" >= {targets.min_goodput_share_of_peak:g}",
@@ -146,6 +147,13 @@ def verdicts(
             all_on,
         ),
     ]
+
+
+def verdicts(
+    results: dict[str, Any], overload: Overload, run_quiet: bool, max_foreign: float = 0.1
+) -> list[dict[str, Any]]:
+    """One row per target of the contract, judged from its per-round figures, "noisy"
+    when a cell it reads (:func:`cells_quiet`) was not quiet."""
     return [
         row(
             text,
@@ -154,7 +162,7 @@ def verdicts(
             higher,
             cells_quiet(read, max_foreign, run_quiet),
         )
-        for text, values, threshold, higher, read in judged
+        for text, values, threshold, higher, read in contract_targets(results, overload)
     ]
 
 

@@ -340,7 +340,9 @@ def environment() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, Contract, str, dict[str, Any] | None]:
+    """The options with the contract's values filled in, the contract and its digest, and
+    the earlier run's results when ``--saturation-from`` names one."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contract", type=Path, default=REPO / "perf/contracts/overload.yaml")
     parser.add_argument("--sweep", default="0.25,0.5,1,1.5,2,3", help="rates (req/s)")
@@ -370,6 +372,13 @@ def main() -> None:
         args.saturation_from = args.saturation_from.resolve()
         earlier = json.loads((args.saturation_from / "results.json").read_text())
         args.saturation = earlier["saturation_rps"]
+    return args, contract, digest, earlier
+
+
+def main() -> None:
+    args, contract, digest, earlier = parse_args()
+    assert contract.overload is not None
+    every = list(contract.overload.saturation_multiples)
     env = environment()  # before the run: a run of the wrong tree's code stops here
     model = contract.targets[0].model or "vllm_model"
     prompts = PromptBuilder.for_model(CACHE_DIR / "models" / contract.model)

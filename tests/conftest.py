@@ -69,10 +69,10 @@ def _untouched(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get(OVERRIDES_ENV):
-        deselected = [item for item in items if _untouched(item)]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if not _untouched(item)]
+        untouched = {item for item in items if _untouched(item)}
+        if untouched:
+            config.hook.pytest_deselected(items=list(untouched))
+            items[:] = [item for item in items if item not in untouched]
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 
 
