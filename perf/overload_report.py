@@ -180,6 +180,7 @@ COLUMNS = [
     ("refused / round", "refused", 0),
     ("admitted within SLO", "admitted_slo_share", 2),
     ("refusal p99 ms", "refusal_p99_ms", 0),
+    ("malformed request p99 ms", "malformed_p99_ms", 0),
     ("TTFT p50 s (admitted)", "ttft_p50_s", 2),
     ("unfinished or failed", "failed", 0),
 ]

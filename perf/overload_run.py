@@ -52,6 +52,10 @@ from tritonforge.paths import CACHE_DIR, make_machine_free  # noqa: E402
 MODES = {"on": "on", "off": "observe"}
 #: Seconds the requests of a cell may run past its last arrival before they are cancelled.
 DRAIN_S = 60.0
+#: Seconds between two probes of the error path in an overload cell.
+PROBE_INTERVAL_S = 0.5
+#: A request every model refuses in execute() before admission sees it (unknown key).
+PROBE_BODY = {"text_input": "probe", "stream": True, "parameters": {"overload_probe": 1}}
 
 
 @dataclass
@@ -125,6 +129,28 @@ async def one(http: httpx.AsyncClient, url: str, body: dict[str, Any], outcome: 
         outcome.error = repr(exc)[:200]
 
 
+async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -> list[float]:
+    """Milliseconds to answer a malformed request, one every PROBE_INTERVAL_S from
+    ``after`` to ``until`` (perf_counter times).
+
+    Why: a refusal is answered from execute(), after the request has crossed Triton and
+    the Python stub on a host whose cores the engine fills. A malformed request takes
+    the same path and is answered before admission is asked, so its time under the same
+    load is the floor under a refusal's: what admission adds is the difference.
+    """
+    latencies = []
+    while (now := time.perf_counter()) < until:
+        start = time.perf_counter()
+        reply = await http.post(url, json=PROBE_BODY)
+        took = time.perf_counter() - start
+        if "overload_probe" not in reply.text:
+            raise RuntimeError(f"the probe was not refused by name: {reply.text[:200]}")
+        if now >= after:
+            latencies.append(1000 * took)
+        await asyncio.sleep(max(start + PROBE_INTERVAL_S - time.perf_counter(), 0))
+    return latencies
+
+
 async def cell(
     server: TritonServer,
     model: str,
@@ -134,8 +160,13 @@ async def cell(
     warmup_s: float,
     duration_s: float,
     seed: int,
+    probes: list[float] | None = None,
 ) -> list[Outcome]:
-    """Poisson arrivals at ``rate`` for warm-up + duration; every request awaited."""
+    """Poisson arrivals at ``rate`` for warm-up + duration; every request awaited.
+
+    With ``probes`` given, a malformed request is sent beside the arrivals (:func:`probe`)
+    and the times to answer those sent in the measured window are appended to it.
+    """
     rng = random.Random(seed)
     cls = contract.traffic.classes[0]
     slo = {"slo_ttft_ms": contract.slo.ttft_p95_ms, "slo_tpot_ms": contract.slo.tpot_p95_ms}
@@ -144,6 +175,10 @@ async def cell(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         begin = time.perf_counter()
+        prober = None
+        if probes is not None:
+            window = (begin + warmup_s, begin + warmup_s + duration_s)
+            prober = asyncio.create_task(probe(http, url, *window))
         while t < warmup_s + duration_s:
             tokens = draw_length(cls.output_tokens, rng)
             text = prompts.text(draw_length(cls.input_tokens, rng), rng)
@@ -166,6 +201,8 @@ async def cell(
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if prober is not None and probes is not None:
+            probes.extend(await prober)
     for outcome in outcomes:
         if outcome.e2e_s is None and outcome.error is None and not outcome.refused:
             outcome.error = "unfinished"
@@ -286,6 +323,7 @@ def overload_cells(
             for mode in modes:
                 name = f"{model}_{mode}"
                 before, decided = error_buckets(server, name), decisions(server, name)
+                probes: list[float] = []
                 with RoundWatch() as watch:
                     outcomes = asyncio.run(
                         cell(
@@ -297,6 +335,7 @@ def overload_cells(
                             args.warmup_s,
                             args.duration_s,
                             1000 * round_index + j,
+                            probes,
                         )
                     )
                 assert watch.sample is not None
@@ -306,6 +345,9 @@ def overload_cells(
                     "multiple": multiple,
                     "mode": mode,
                     **summary(outcomes, contract, args.duration_s),
+                    # the same path's floor: a malformed request answered from execute()
+                    "malformed_p50_ms": quantile(probes, 0.5),
+                    "malformed_p99_ms": quantile(probes, 0.99),
                     "ttft_error_p50_at_most": median_bound(before, error_buckets(server, name)),
                     # every request of the cell, warm-up and drain included
                     "decisions": {k: v - decided.get(k, 0) for k, v in after.items()},

@@ -74,3 +74,19 @@ def test_per_cell_samples_under_the_bound_are_quiet_whatever_the_run_windows_say
     results = _noisy(run([3.0] * 3, [3.0] * 3, [1.0] * 3), 2, "on", 0.05)
     rows = report.verdicts(results, OVERLOAD, False, max_foreign=0.1)
     assert "noisy" not in {row["verdict"] for row in rows}
+
+
+def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
+    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3, "saturation_held": True}
+    for c in results["cells"]:
+        if c["multiple"] == 2 and c["mode"] == "on":
+            c["malformed_p99_ms"] = 25.0 + c["round"]
+    rows = report.verdicts(results, OVERLOAD, True)
+    table = report.markdown(results, rows, [0.01]).splitlines()
+    heading = next(line for line in table if line.startswith("| x S |"))
+    on_at_2 = next(line for line in table if line.startswith("| 2 | on |"))
+    column = heading.split(" | ").index("malformed request p99 ms")
+    assert on_at_2.split(" | ")[column] == "26 (25–27)"
+    assert heading.split(" | ")[column - 1] == "refusal p99 ms"
+    low = next(line for line in table if line.startswith("| 0.5 | on |"))
+    assert low.split(" | ")[column] == "—"  # cells without probes (older runs) say so
