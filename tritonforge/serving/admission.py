@@ -287,6 +287,30 @@ class Admission:
         ordered = sorted(ratios)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
+    def screen(self, sampling: SamplingParams) -> None:
+        """The TPOT rule alone, before the prompt is prepared: raise
+        :class:`SloUnattainable` if it refuses the request now.
+
+        The rule reads the running batch and the SLOs, not the prompt, so a request it
+        refuses is answered without being tokenized first; past saturation it makes
+        most refusals. :meth:`admit` still applies both rules afterwards.
+        """
+        if sampling.slo_ttft_ms is None and sampling.slo_tpot_ms is None:
+            return
+        with self._lock:
+            if not self._may_refuse():
+                return
+            _, batch = self._queued_and_batch()
+            refusal = self._tpot_refusal(_seconds(sampling.slo_tpot_ms), batch + 1)
+            if refusal is None:
+                return
+            self._decisions[REFUSED_TPOT] += 1
+        raise refusal
+
+    def _may_refuse(self) -> bool:
+        """Refusing is on and the predictor has seen enough to say why (locked)."""
+        return self.settings.enabled and self.predictor.samples >= self.settings.min_samples
+
     def _judge(
         self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
     ) -> tuple[str, SloUnattainable | None]:
@@ -295,7 +319,7 @@ class Admission:
         Predictions are scaled (:meth:`_scale`) only here, where a refusal is possible:
         a model that observes, or a request without the SLO, pays nothing for it.
         """
-        if not self.settings.enabled or self.predictor.samples < self.settings.min_samples:
+        if not self._may_refuse():
             return ADMITTED, None
         keep = 1.0 - self.settings.margin
         if ttft_slo is not None and predicted is not None:
@@ -303,18 +327,25 @@ class Admission:
             if scaled > ttft_slo * keep:
                 retry = math.ceil(max(scaled - ttft_slo, 1.0))
                 return REFUSED_TTFT, SloUnattainable("TTFT", scaled * 1000, ttft_slo * 1000, retry)
+        refusal = self._tpot_refusal(tpot_slo, batch)
+        return (REFUSED_TPOT, refusal) if refusal is not None else (ADMITTED, None)
+
+    def _tpot_refusal(self, tpot_slo: float | None, batch: int) -> SloUnattainable | None:
+        """The refusal if the step at ``batch`` breaks the tightest TPOT SLO, the request's
+        own or a running one's (locked)."""
         step = self.predictor.step(batch)
         tightest = min(
             [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
             + ([tpot_slo] if tpot_slo is not None else []),
             default=None,
         )
-        if step is not None and tightest is not None:
-            # scaled like a TTFT, by how requests' mean TPOT ran over their predicted step
-            step *= self._scale(self._tpot_ratios)
-            if step > tightest * keep:
-                return REFUSED_TPOT, SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
-        return ADMITTED, None
+        if step is None or tightest is None:
+            return None
+        # scaled like a TTFT, by how requests' mean TPOT ran over their predicted step
+        step *= self._scale(self._tpot_ratios)
+        if step > tightest * (1.0 - self.settings.margin):
+            return SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
+        return None
 
     def saw_tokens(self, request_id: str, count: int) -> None:
         """The engine produced ``count`` tokens of the request: calibrate on them."""

@@ -276,6 +276,8 @@ class Runtime:
         the request's deadline is the smaller of it and ``timeout_s``, counted from here.
         Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
         """
+        if self.admission is not None:  # the TPOT rule needs no prompt: refuse before it
+            self.admission.screen(request.sampling)
         prepared = self.engine.prepare(request)
         with self._lock:
             if self._failure is not None:

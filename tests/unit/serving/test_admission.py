@@ -16,6 +16,7 @@ import pytest
 
 from tritonforge.serving.admission import (
     ADMITTED,
+    DECISIONS,
     NO_SLO,
     REFUSED_TPOT,
     REFUSED_TTFT,
@@ -150,6 +151,36 @@ def test_joining_a_batch_that_would_break_a_running_tpot_slo_is_refused() -> Non
         admission.admit("third", 10, SamplingParams(slo_ttft_ms=5000))
     assert admission.snapshot().decisions[REFUSED_TPOT] == 1
     admission.admit("no-slo", 10, SamplingParams())  # never refused by this rule
+
+
+def test_screen_applies_the_tpot_rule_before_the_prompt_is_known() -> None:
+    admission = calibrated(step_s=0.05)
+    for name in ("running", "second"):  # a batch of two; the third makes step(3) = 83 ms
+        admission.admit(name, 10, SamplingParams(slo_tpot_ms=80))
+        admission.saw_tokens(name, 1)
+    with pytest.raises(SloUnattainable, match="predicted TPOT 83 ms exceeds slo_tpot_ms 80"):
+        admission.screen(SamplingParams(slo_ttft_ms=5000))
+    admission.screen(SamplingParams())  # no SLO: never refused by this rule
+    assert admission.snapshot().decisions == {
+        "admitted": 2,
+        "no_slo": 0,
+        "refused_ttft": 0,
+        "refused_tpot": 1,  # counted once, by the screen: the request never reached admit
+    }
+    admission.release("second")  # step(2) = 67 ms fits: screened through, then admitted
+    admission.screen(SamplingParams(slo_ttft_ms=5000))
+    admission.admit("third", 10, SamplingParams(slo_ttft_ms=5000))
+    assert admission.snapshot().decisions["admitted"] == 3
+
+
+def test_screen_refuses_nothing_before_calibration_or_when_observing() -> None:
+    tight = SamplingParams(slo_tpot_ms=1)
+    cold = Admission(AdmissionSettings(mode="on", min_samples=3))
+    cold.predictor.step_s = {1: 0.05}
+    cold.screen(tight)
+    watching = calibrated(mode="observe")
+    watching.screen(tight)
+    assert cold.snapshot().decisions == watching.snapshot().decisions == dict.fromkeys(DECISIONS, 0)
 
 
 def test_nothing_is_refused_before_calibration_or_when_observing() -> None:

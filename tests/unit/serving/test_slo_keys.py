@@ -95,6 +95,29 @@ def test_runtime_refuses_at_once_and_serves_the_rest() -> None:
     }
 
 
+def test_runtime_refuses_by_the_tpot_rule_without_preparing_the_prompt() -> None:
+    engine = ScriptedEngine([EngineOutput(text="a", token_ids=[1], finished=True)])
+    prepared = []
+    prepare = engine.prepare
+    engine.prepare = lambda request: prepared.append(request) or prepare(request)  # type: ignore[method-assign]
+    admission = Admission(AdmissionSettings(mode="on", min_samples=1))
+    admission.predictor.prefill_s_per_token, admission.predictor.samples = 1e-6, 5
+    admission.predictor.step_s = {1: 0.5}  # half a second a step
+    runtime = Runtime(engine, RecordingMetrics(), RecordingLogger(), admission=admission)
+    runtime.start()
+    try:
+        with pytest.raises(SloUnattainable, match="slo_tpot_ms 100 ms"):
+            runtime.submit(sampling_request(False, slo_tpot_ms=100), RecordingChannel())
+        assert prepared == []  # refused before the tokenizer ran
+        channel = RecordingChannel()
+        runtime.submit(sampling_request(False, slo_tpot_ms=1000), channel)
+        assert channel.done.wait(10)
+        assert not channel.errors() and len(prepared) == 1
+    finally:
+        runtime.stop()
+    assert admission.snapshot().decisions["refused_tpot"] == 1
+
+
 def test_runtime_feeds_admission_the_tokens_and_releases_the_request() -> None:
     engine = ScriptedEngine(
         [
