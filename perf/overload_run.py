@@ -139,13 +139,12 @@ async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -
     load is the floor under a refusal's: what admission adds is the difference.
     """
     latencies = []
-    while (now := time.perf_counter()) < until:
-        start = time.perf_counter()
+    while (start := time.perf_counter()) < until:
         reply = await http.post(url, json=PROBE_BODY)
         took = time.perf_counter() - start
         if "overload_probe" not in reply.text:
             raise RuntimeError(f"the probe was not refused by name: {reply.text[:200]}")
-        if now >= after:
+        if start >= after:
             latencies.append(1000 * took)
         await asyncio.sleep(max(start + PROBE_INTERVAL_S - time.perf_counter(), 0))
     return latencies
