@@ -60,7 +60,7 @@ _spec = importlib.util.spec_from_file_location(
     "fifo_llamacpp", pathlib.Path(__file__).with_name("fifo_llamacpp.py"))
 _module = sys.modules["fifo_llamacpp"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_module)
-TritonPythonModel = make_model(_module.LlamaCppEngine)
+TritonPythonModel = make_model("fifo_llamacpp:LlamaCppEngine")
 """
 
 
