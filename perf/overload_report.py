@@ -196,6 +196,8 @@ COLUMNS = [
     ("admitted within SLO", "admitted_slo_share", 2),
     ("refusal p99 ms", "refusal_p99_ms", 0),
     ("malformed request p99 ms", "malformed_p99_ms", 0),
+    ("the same from its own process", "malformed_own_process_p99_ms", 0),
+    ("driver loop late p99 ms", "driver_lateness_p99_ms", 0),
     ("TTFT p50 s (admitted)", "ttft_p50_s", 2),
     ("unfinished or failed", "failed", 0),
 ]

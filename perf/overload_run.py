@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import multiprocessing
 import platform
 import random
 import re
@@ -34,9 +36,11 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -150,7 +154,138 @@ async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -
     return latencies
 
 
-async def cell(
+def blocking_probe(url: str, after: float, until: float) -> list[float]:
+    """:func:`probe` from a process of its own with a blocking client (wall-clock window).
+
+    Why: the driver's event loop also reads every stream of the cell, and on two cores
+    it is sometimes late; what this process measures is the server's answer without
+    that lateness, so the two probes side by side say how much of a tail is the driver's.
+    """
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port)
+    body, headers = json.dumps(PROBE_BODY), {"Content-Type": "application/json"}
+    latencies = []
+    while (now := time.time()) < until:
+        start = time.perf_counter()
+        connection.request("POST", parts.path, body, headers)
+        text = connection.getresponse().read().decode(errors="replace")
+        took = time.perf_counter() - start
+        if "overload_probe" not in text:
+            raise RuntimeError(f"the probe was not refused by name: {text[:200]}")
+        if now >= after:
+            latencies.append(1000 * took)
+        time.sleep(max(now + PROBE_INTERVAL_S - time.time(), 0))
+    connection.close()
+    return latencies
+
+
+async def loop_lateness(after: float, until: float) -> list[float]:
+    """Milliseconds by which the driver's event loop overslept a 10 ms sleep in the window."""
+    lateness = []
+    while (start := time.perf_counter()) < until:
+        await asyncio.sleep(0.01)
+        if start >= after:
+            lateness.append(1000 * (time.perf_counter() - start - 0.01))
+    return lateness
+
+
+@dataclass
+class Probes:
+    """What a cell's probes measured in its window (milliseconds)."""
+
+    in_loop: list[float]
+    own_process: list[float]
+    loop_lateness: list[float]
+
+    def summary(self) -> dict[str, float | None]:
+        return {
+            "malformed_p50_ms": quantile(self.in_loop, 0.5),
+            "malformed_p99_ms": quantile(self.in_loop, 0.99),
+            "malformed_own_process_p50_ms": quantile(self.own_process, 0.5),
+            "malformed_own_process_p99_ms": quantile(self.own_process, 0.99),
+            "driver_lateness_p99_ms": quantile(self.loop_lateness, 0.99),
+        }
+
+
+@dataclass
+class Arrival:
+    """One request of a cell's schedule: when it is sent (seconds from the cell's start)."""
+
+    at: float
+    measured: bool
+    asked: int
+    body: dict[str, Any]
+
+
+def schedule(
+    contract: Contract,
+    prompts: PromptBuilder,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    seed: int,
+) -> list[Arrival]:
+    """Poisson arrivals at ``rate`` over warm-up + duration, drawn from ``seed``."""
+    rng = random.Random(seed)
+    cls = contract.traffic.classes[0]
+    slo = {"slo_ttft_ms": contract.slo.ttft_p95_ms, "slo_tpot_ms": contract.slo.tpot_p95_ms}
+    arrivals, t = [], rng.expovariate(rate)
+    while t < warmup_s + duration_s:
+        tokens = draw_length(cls.output_tokens, rng)
+        text = prompts.text(draw_length(cls.input_tokens, rng), rng)
+        parameters = {"max_tokens": tokens, "ignore_eos": True, "temperature": 0, **slo}
+        body = {
+            "text_input": text,
+            "stream": True,  # else the model answers once, with every token at the end
+            "return_num_output_tokens": True,
+            "parameters": parameters,
+        }
+        arrivals.append(Arrival(t, t >= warmup_s, tokens, body))
+        t += rng.expovariate(rate)
+    return arrivals
+
+
+async def send(
+    url: str, arrivals: list[Arrival], window: tuple[float, float], probes: Probes | None
+) -> list[Outcome]:
+    """Send ``arrivals`` at their times (seconds from now) and await every one.
+
+    Past the measured window a request still running after DRAIN_S has long missed its
+    SLO: it is cancelled (the dropped stream cancels it in Triton) and counted as
+    unfinished, so an overloaded cell ends in bounded time.
+    """
+    outcomes = [Outcome(a.at, a.measured, a.asked) for a in arrivals]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    spawn = multiprocessing.get_context("spawn")
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        with ProcessPoolExecutor(1, mp_context=spawn) as side:
+            begin, wall = time.perf_counter(), time.time()
+            measured = (begin + window[0], begin + window[1])
+            watchers: list[asyncio.Future[list[float]]] = []
+            if probes is not None:
+                watchers = [
+                    asyncio.create_task(probe(http, url, *measured)),
+                    asyncio.get_running_loop().run_in_executor(
+                        side, blocking_probe, url, wall + window[0], wall + window[1]
+                    ),
+                    asyncio.create_task(loop_lateness(*measured)),
+                ]
+            tasks = []
+            for arrival, outcome in zip(arrivals, outcomes, strict=True):
+                await asyncio.sleep(max(begin + arrival.at - time.perf_counter(), 0))
+                tasks.append(asyncio.create_task(one(http, url, arrival.body, outcome)))
+            _, pending = await asyncio.wait(tasks, timeout=DRAIN_S) if tasks else ((), ())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            if probes is not None:
+                probes.in_loop, probes.own_process, probes.loop_lateness = await asyncio.gather(
+                    *watchers
+                )
+    return outcomes
+
+
+def cell(
     server: TritonServer,
     model: str,
     contract: Contract,
@@ -159,49 +294,17 @@ async def cell(
     warmup_s: float,
     duration_s: float,
     seed: int,
-    probes: list[float] | None = None,
+    probes: Probes | None = None,
 ) -> list[Outcome]:
     """Poisson arrivals at ``rate`` for warm-up + duration; every request awaited.
 
-    With ``probes`` given, a malformed request is sent beside the arrivals (:func:`probe`)
-    and the times to answer those sent in the measured window are appended to it.
+    With ``probes`` given, malformed requests are sent beside the arrivals from the
+    driver's loop (:func:`probe`) and from a process of their own (:func:`blocking_probe`),
+    and the loop's lateness is sampled: the measured window's figures fill ``probes``.
     """
-    rng = random.Random(seed)
-    cls = contract.traffic.classes[0]
-    slo = {"slo_ttft_ms": contract.slo.ttft_p95_ms, "slo_tpot_ms": contract.slo.tpot_p95_ms}
+    arrivals = schedule(contract, prompts, rate, warmup_s, duration_s, seed)
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
-    outcomes, tasks, t = [], [], rng.expovariate(rate)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        begin = time.perf_counter()
-        prober = None
-        if probes is not None:
-            window = (begin + warmup_s, begin + warmup_s + duration_s)
-            prober = asyncio.create_task(probe(http, url, *window))
-        while t < warmup_s + duration_s:
-            tokens = draw_length(cls.output_tokens, rng)
-            text = prompts.text(draw_length(cls.input_tokens, rng), rng)
-            parameters = {"max_tokens": tokens, "ignore_eos": True, "temperature": 0, **slo}
-            outcome = Outcome(t, t >= warmup_s, tokens)
-            outcomes.append(outcome)
-            await asyncio.sleep(max(begin + t - time.perf_counter(), 0))
-            body = {
-                "text_input": text,
-                "stream": True,  # else the model answers once, with every token at the end
-                "return_num_output_tokens": True,
-                "parameters": parameters,
-            }
-            tasks.append(asyncio.create_task(one(http, url, body, outcome)))
-            t += rng.expovariate(rate)
-        # Past the measured window a request still running after DRAIN_S has long missed
-        # its SLO: it is cancelled (the dropped stream cancels it in Triton) and counted
-        # as unfinished, so an overloaded cell ends in bounded time.
-        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S) if tasks else ((), ())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if prober is not None and probes is not None:
-            probes.extend(await prober)
+    outcomes = asyncio.run(send(url, arrivals, (warmup_s, warmup_s + duration_s), probes))
     for outcome in outcomes:
         if outcome.e2e_s is None and outcome.error is None and not outcome.refused:
             outcome.error = "unfinished"
@@ -291,7 +394,7 @@ def saturation(
     """
     cells, holding, peak = [], 0.0, 0.0
     for i, rate in enumerate(rates):
-        outcomes = asyncio.run(cell(server, model, contract, prompts, rate, 0, seconds, i))
+        outcomes = cell(server, model, contract, prompts, rate, 0, seconds, i)
         result = {"rate_rps": rate, **summary(outcomes, contract, seconds)}
         cells.append(result)
         peak = max(peak, result["goodput_rps"])
@@ -322,20 +425,18 @@ def overload_cells(
             for mode in modes:
                 name = f"{model}_{mode}"
                 before, decided = error_buckets(server, name), decisions(server, name)
-                probes: list[float] = []
+                probes = Probes([], [], [])
                 with RoundWatch() as watch:
-                    outcomes = asyncio.run(
-                        cell(
-                            server,
-                            name,
-                            contract,
-                            prompts,
-                            multiple * rate_s,
-                            args.warmup_s,
-                            args.duration_s,
-                            1000 * round_index + j,
-                            probes,
-                        )
+                    outcomes = cell(
+                        server,
+                        name,
+                        contract,
+                        prompts,
+                        multiple * rate_s,
+                        args.warmup_s,
+                        args.duration_s,
+                        1000 * round_index + j,
+                        probes,
                     )
                 assert watch.sample is not None
                 after = decisions(server, name)
@@ -345,8 +446,7 @@ def overload_cells(
                     "mode": mode,
                     **summary(outcomes, contract, args.duration_s),
                     # the same path's floor: a malformed request answered from execute()
-                    "malformed_p50_ms": quantile(probes, 0.5),
-                    "malformed_p99_ms": quantile(probes, 0.99),
+                    **probes.summary(),
                     "ttft_error_p50_at_most": median_bound(before, error_buckets(server, name)),
                     # every request of the cell, warm-up and drain included
                     "decisions": {k: v - decided.get(k, 0) for k, v in after.items()},

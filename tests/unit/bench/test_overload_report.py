@@ -81,6 +81,8 @@ def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
     for c in results["cells"]:
         if c["multiple"] == 2 and c["mode"] == "on":
             c["malformed_p99_ms"] = 25.0 + c["round"]
+            c["malformed_own_process_p99_ms"] = 12.0 + c["round"]
+            c["driver_lateness_p99_ms"] = 3.0
     rows = report.verdicts(results, OVERLOAD, True)
     table = report.markdown(results, rows, [0.01]).splitlines()
     heading = next(line for line in table if line.startswith("| x S |"))
@@ -88,5 +90,7 @@ def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
     column = heading.split(" | ").index("malformed request p99 ms")
     assert on_at_2.split(" | ")[column] == "26 (25–27)"
     assert heading.split(" | ")[column - 1] == "refusal p99 ms"
+    assert on_at_2.split(" | ")[column + 1] == "13 (12–14)"  # the blocking client's probe
+    assert on_at_2.split(" | ")[column + 2] == "3 (3–3)"  # how late the driver's loop was
     low = next(line for line in table if line.startswith("| 0.5 | on |"))
     assert low.split(" | ")[column] == "—"  # cells without probes (older runs) say so
