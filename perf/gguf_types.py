@@ -1,0 +1,159 @@
+"""GGUF weight types for llama.cpp on this host: step times against what each costs in quality.
+
+Why: llama.cpp's CPU backend has kernels of very different speed per weight type, and on
+a host with AVX2 only some types get its repacked (interleaved) batch kernels. The
+shipped GGUF is the model wheel's Q4_1; whether another type should be shipped, or
+recommended to users who convert their own models, is decided by two numbers side by
+side: the step times (:mod:`perf.llamacpp_step`'s probe, one process per type, rounds
+interleaved with the order rotated) and the quality lost against the shipped file
+(perplexity on a fixed text, mean KL divergence of the next-token distribution, and how
+often the most likely next token is the same).
+
+Each type is made from the shipped file with llama.cpp's own quantizer
+(``llama_model_quantize``, requantizing, so a type is measured as a user of this wheel
+would get it, not as it would be from the original float weights).
+
+    .venv/bin/python perf/gguf_types.py --types Q8_0,Q4_0,IQ4_NL,Q4_K_M --rounds 2
+
+Writes ``perf/results/gguf-types/<UTC timestamp>/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "perf"))
+
+import llama_cpp  # noqa: E402
+from llamacpp_step import run_config  # noqa: E402
+
+from tritonforge.bench.environment import capture  # noqa: E402
+from tritonforge.bench.noise import RoundWatch  # noqa: E402
+from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
+from tritonforge.paths import CACHE_DIR, new_run_dir  # noqa: E402
+
+#: The text the types are scored on: the repository's engine notes, English prose with
+#: code words, read at the served commit (its hash is recorded).
+TEXT = REPO / "docs/engines.md"
+#: Tokens scored, in windows of WINDOW (each window starts from an empty context).
+SCORED_TOKENS, WINDOW = 2048, 512
+
+
+def quantize(source: Path, kind: str, into: Path) -> Path:
+    """``source`` requantized to ``kind`` by llama.cpp (cached by name and source size)."""
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / f"{source.stem}.{source.stat().st_size}.{kind}.gguf"
+    if not target.exists():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+        params.allow_requantize = True
+        partial = target.with_suffix(".part")
+        if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params):
+            raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind}")
+        partial.rename(target)
+    return target
+
+
+def log_probs(path: Path, tokens: list[int]) -> list[np.ndarray]:
+    """Next-token log-probabilities at every position of each window of ``tokens``."""
+    model = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=WINDOW,
+        n_batch=WINDOW,
+        n_threads=2,
+        logits_all=True,
+        verbose=False,
+    )
+    windows = []
+    for start in range(0, len(tokens) - 1, WINDOW):
+        chunk = tokens[start : start + WINDOW]
+        model.reset()
+        model.eval(chunk)
+        logits = np.array(model.scores[: len(chunk)], dtype=np.float64)
+        peak = logits.max(axis=1, keepdims=True)
+        windows.append(logits - peak - np.log(np.exp(logits - peak).sum(axis=1, keepdims=True)))
+    return windows
+
+
+def quality(reference: list[np.ndarray], other: list[np.ndarray], tokens: list[int]) -> dict:
+    """``other``'s perplexity, and how far its next-token distributions are from the
+    reference's (mean KL(reference || other), share of positions with the same top token)."""
+    scored, kl, same = [], [], []
+    for index, (ref, oth) in enumerate(zip(reference, other, strict=True)):
+        chunk = tokens[index * WINDOW : (index + 1) * WINDOW]
+        scored += [oth[i, chunk[i + 1]] for i in range(len(chunk) - 1)]
+        kl.append((np.exp(ref) * (ref - oth)).sum(axis=1))
+        same.append(ref.argmax(axis=1) == oth.argmax(axis=1))
+    return {
+        "perplexity": round(float(np.exp(-np.mean(scored))), 3),
+        "kl_from_shipped": round(float(np.concatenate(kl).mean()), 4),
+        "same_top_token": round(float(np.concatenate(same).mean()), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--types", default="Q8_0,Q4_0,IQ4_NL,Q4_K_M", help="llama.cpp ftypes")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--threads", default="1,2", help="n_threads settings to time (n_threads_batch alike)"
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "perf/results/gguf-types")
+    opts = parser.parse_args()
+    env = server_environment()
+    shipped_settings = json.loads((MODEL_REPOSITORY / "llamacpp_model/1/model.json").read_text())
+    source = Path(env["TRITONFORGE_GGUF"])
+    files = {"shipped": source} | {
+        kind: quantize(source, kind, CACHE_DIR / "gguf-types") for kind in opts.types.split(",")
+    }
+    model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
+    text = TEXT.read_text()
+    record: dict[str, Any] = {
+        "environment": capture(model_dir).model_dump(),
+        "source": source.name,
+        "files_mib": {k: round(p.stat().st_size / 2**20, 1) for k, p in files.items()},
+        "text": {
+            "path": str(TEXT.relative_to(REPO)),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        },
+        "settings": shipped_settings,
+    }
+    vocab = llama_cpp.Llama(model_path=str(source), vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(text.encode())[:SCORED_TOKENS]
+    reference = log_probs(source, tokens)
+    record["quality"] = {
+        kind: quality(reference, log_probs(path, tokens), tokens) for kind, path in files.items()
+    }
+    print(json.dumps(record["quality"]), flush=True)
+    configs = {
+        f"{kind} t{n}": {"model_path": str(path), "n_threads": int(n), "n_threads_batch": int(n)}
+        for kind, path in files.items()
+        for n in opts.threads.split(",")
+    }
+    names, rows = list(configs), []
+    for index in range(opts.rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            with RoundWatch(quiet_window_s=2.0) as watch:
+                result = run_config(shipped_settings | configs[name])
+            assert watch.sample is not None
+            noise = watch.sample.model_dump()
+            rows.append({"round": index, "config": name, **result, "noise": noise})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
+    record["rows"] = rows
+    out_dir = new_run_dir(opts.out)
+    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out_dir / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
