@@ -8,6 +8,7 @@ the tree whose code a server started from this venv really runs (its stubs impor
 from __future__ import annotations
 
 import os
+import sysconfig
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,13 +30,15 @@ def new_run_dir(parent: Path) -> Path:
 
 
 def machine_free(text: str) -> str:
-    """``text`` with this machine's directories named as the repository's or ``<tmp>/``.
+    """``text`` with this machine's directories named as the repository's, ``<tmp>/``
+    or ``<stdlib>/`` (the interpreter's library, named in Python's warnings).
 
     Logs kept with a result say where the server found its models and backends; a
     committed result names those places relative to the repository, not by this
     machine's absolute paths.
     """
-    return text.replace(str(REPO_ROOT) + "/", "").replace(tempfile.gettempdir(), "<tmp>")
+    text = text.replace(str(REPO_ROOT) + "/", "").replace(tempfile.gettempdir(), "<tmp>")
+    return text.replace(sysconfig.get_paths()["stdlib"], "<stdlib>")
 
 
 def make_machine_free(folder: Path) -> None:

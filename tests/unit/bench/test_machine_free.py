@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,8 @@ def test_repository_and_temporary_paths_are_named_without_this_machine() -> None
     assert machine_free(line) == (
         "loaded .cache/models/m/tokenizer.json from <tmp>/tritonforge-ceiling-x/repository"
     )
+    warning = f"{sysconfig.get_paths()['stdlib']}/multiprocessing/resource_tracker.py:254"
+    assert machine_free(warning) == "<stdlib>/multiprocessing/resource_tracker.py:254"
     elsewhere = "/srv/models/m/tokenizer.json"  # no path of this machine's in it
     assert machine_free(elsewhere) == elsewhere
 
