@@ -34,12 +34,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "perf"))
 
 import llama_cpp  # noqa: E402
-from llamacpp_step import run_config  # noqa: E402
+from llamacpp_step import interleaved, save  # noqa: E402
 
 from tritonforge.bench.environment import capture  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
-from tritonforge.paths import CACHE_DIR, new_run_dir  # noqa: E402
+from tritonforge.paths import CACHE_DIR  # noqa: E402
 
 #: The text the types are scored on: the repository's engine notes, English prose with
 #: code words, read at the served commit (its hash is recorded).
@@ -139,20 +138,8 @@ def main() -> None:
         for kind, path in files.items()
         for n in opts.threads.split(",")
     }
-    names, rows = list(configs), []
-    for index in range(opts.rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            with RoundWatch(quiet_window_s=2.0) as watch:
-                result = run_config(shipped_settings | configs[name])
-            assert watch.sample is not None
-            noise = watch.sample.model_dump()
-            rows.append({"round": index, "config": name, **result, "noise": noise})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
-    record["rows"] = rows
-    out_dir = new_run_dir(opts.out)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+    record["rows"] = interleaved(configs, shipped_settings, opts.rounds)
+    save(record, opts.out)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,29 @@ def run_config(settings: dict) -> dict:
     return json.loads(lines[0][len("RESULT") :])
 
 
+def interleaved(configs: dict[str, dict], base: dict, rounds: int) -> list[dict]:
+    """Every config (``base`` with its overrides) probed once a round in a process of its
+    own, the order rotated each round; a row per probe with the machine's noise beside it."""
+    names, rows = list(configs), []
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            with RoundWatch(quiet_window_s=2.0) as watch:
+                result = run_config(base | configs[name])
+            assert watch.sample is not None
+            noise = watch.sample.model_dump()
+            rows.append({"round": index, "config": name, **result, "noise": noise})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
+    return rows
+
+
+def save(record: dict, parent: Path) -> None:
+    """``record`` as a new run's results.json under ``parent``."""
+    out_dir = new_run_dir(parent)
+    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out_dir / 'results.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", action="append", required=True, help="name=JSON overrides")
@@ -112,21 +135,9 @@ def main() -> None:
     shipped["model_path"] = env["TRITONFORGE_GGUF"]
     model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
     record: dict = {"environment": capture(model_dir).model_dump(), "configs": configs}
-    record["shipped"], rows = shipped, []
-    names = list(configs)
-    for index in range(opts.rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            with RoundWatch(quiet_window_s=2.0) as watch:
-                result = run_config(shipped | configs[name])
-            assert watch.sample is not None
-            rows.append({"round": index, "config": name, **result,
-                         "noise": watch.sample.model_dump()})  # fmt: skip
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
-    record["rows"] = rows
-    out_dir = new_run_dir(opts.out)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+    record["shipped"] = shipped
+    record["rows"] = interleaved(configs, shipped, opts.rounds)
+    save(record, opts.out)
 
 
 if __name__ == "__main__":

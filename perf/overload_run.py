@@ -288,21 +288,17 @@ async def send(
 def cell(
     server: TritonServer,
     model: str,
-    contract: Contract,
-    prompts: PromptBuilder,
-    rate: float,
+    arrivals: list[Arrival],
     warmup_s: float,
     duration_s: float,
-    seed: int,
     probes: Probes | None = None,
 ) -> list[Outcome]:
-    """Poisson arrivals at ``rate`` for warm-up + duration; every request awaited.
+    """``arrivals`` (a :func:`schedule` over warm-up + duration) sent; every request awaited.
 
     With ``probes`` given, malformed requests are sent beside the arrivals from the
     driver's loop (:func:`probe`) and from a process of their own (:func:`blocking_probe`),
     and the loop's lateness is sampled: the measured window's figures fill ``probes``.
     """
-    arrivals = schedule(contract, prompts, rate, warmup_s, duration_s, seed)
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
     outcomes = asyncio.run(send(url, arrivals, (warmup_s, warmup_s + duration_s), probes))
     for outcome in outcomes:
@@ -394,7 +390,7 @@ def saturation(
     """
     cells, holding, peak = [], 0.0, 0.0
     for i, rate in enumerate(rates):
-        outcomes = cell(server, model, contract, prompts, rate, 0, seconds, i)
+        outcomes = cell(server, model, schedule(contract, prompts, rate, 0, seconds, i), 0, seconds)
         result = {"rate_rps": rate, **summary(outcomes, contract, seconds)}
         cells.append(result)
         peak = max(peak, result["goodput_rps"])
@@ -427,17 +423,15 @@ def overload_cells(
                 before, decided = error_buckets(server, name), decisions(server, name)
                 probes = Probes([], [], [])
                 with RoundWatch() as watch:
-                    outcomes = cell(
-                        server,
-                        name,
+                    arrivals = schedule(
                         contract,
                         prompts,
                         multiple * rate_s,
                         args.warmup_s,
                         args.duration_s,
                         1000 * round_index + j,
-                        probes,
                     )
+                    outcomes = cell(server, name, arrivals, args.warmup_s, args.duration_s, probes)
                 assert watch.sample is not None
                 after = decisions(server, name)
                 result = {
