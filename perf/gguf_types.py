@@ -128,9 +128,9 @@ def main() -> None:
     }
     vocab = llama_cpp.Llama(model_path=str(source), vocab_only=True, verbose=False)
     tokens = vocab.tokenize(text.encode())[:SCORED_TOKENS]
-    reference = log_probs(source, tokens)
+    scores = {kind: log_probs(path, tokens) for kind, path in files.items()}
     record["quality"] = {
-        kind: quality(reference, log_probs(path, tokens), tokens) for kind, path in files.items()
+        kind: quality(scores["shipped"], other, tokens) for kind, other in scores.items()
     }
     print(json.dumps(record["quality"]), flush=True)
     configs = {

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -133,6 +133,13 @@ async def one(http: httpx.AsyncClient, url: str, body: dict[str, Any], outcome: 
         outcome.error = repr(exc)[:200]
 
 
+def refused_by_name(reply: str) -> None:
+    """Stop the run unless the probe's answer names its unknown key: a probe answered
+    any other way did not take the error path it is there to time."""
+    if "overload_probe" not in reply:
+        raise RuntimeError(f"the probe was not refused by name: {reply[:200]}")
+
+
 async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -> list[float]:
     """Milliseconds to answer a malformed request, one every PROBE_INTERVAL_S from
     ``after`` to ``until`` (perf_counter times).
@@ -146,8 +153,7 @@ async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -
     while (start := time.perf_counter()) < until:
         reply = await http.post(url, json=PROBE_BODY)
         took = time.perf_counter() - start
-        if "overload_probe" not in reply.text:
-            raise RuntimeError(f"the probe was not refused by name: {reply.text[:200]}")
+        refused_by_name(reply.text)
         if start >= after:
             latencies.append(1000 * took)
         await asyncio.sleep(max(start + PROBE_INTERVAL_S - time.perf_counter(), 0))
@@ -170,8 +176,7 @@ def blocking_probe(url: str, after: float, until: float) -> list[float]:
         connection.request("POST", parts.path, body, headers)
         text = connection.getresponse().read().decode(errors="replace")
         took = time.perf_counter() - start
-        if "overload_probe" not in text:
-            raise RuntimeError(f"the probe was not refused by name: {text[:200]}")
+        refused_by_name(text)
         if now >= after:
             latencies.append(1000 * took)
         time.sleep(max(now + PROBE_INTERVAL_S - time.time(), 0))
@@ -193,9 +198,9 @@ async def loop_lateness(after: float, until: float) -> list[float]:
 class Probes:
     """What a cell's probes measured in its window (milliseconds)."""
 
-    in_loop: list[float]
-    own_process: list[float]
-    loop_lateness: list[float]
+    in_loop: list[float] = field(default_factory=list)
+    own_process: list[float] = field(default_factory=list)
+    loop_lateness: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, float | None]:
         return {
@@ -421,7 +426,7 @@ def overload_cells(
             for mode in modes:
                 name = f"{model}_{mode}"
                 before, decided = error_buckets(server, name), decisions(server, name)
-                probes = Probes([], [], [])
+                probes = Probes()
                 with RoundWatch() as watch:
                     arrivals = schedule(
                         contract,
