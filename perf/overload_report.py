@@ -196,7 +196,7 @@ COLUMNS = [
     ("admitted within SLO", "admitted_slo_share", 2),
     ("refusal p99 ms", "refusal_p99_ms", 0),
     ("malformed request p99 ms", "malformed_p99_ms", 0),
-    ("the same from its own process", "malformed_own_process_p99_ms", 0),
+    ("the same from a default-priority process", "malformed_own_process_p99_ms", 0),
     ("driver loop late p99 ms", "driver_lateness_p99_ms", 0),
     ("TTFT p50 s (admitted)", "ttft_p50_s", 2),
     ("unfinished or failed", "failed", 0),
@@ -209,7 +209,8 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[
         f"Saturation {results['saturation_rps']:g} req/s (held: {results['saturation_held']}), "
         f"sweep peak goodput {peak:.2f} req/s; other processes' CPU share (per cell or"
         f" 30 s window): max {max(foreign, default=0):.3f},"
-        f" median {statistics.median(foreign or [0]):.3f}.",
+        f" median {statistics.median(foreign or [0]):.3f}. Driver scheduling:"
+        f" {results.get('driver_scheduling', 'SCHED_OTHER (not recorded)')}.",
         "",
         "| x S | mode | " + " | ".join(c[0] for c in COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),

@@ -28,6 +28,7 @@ import asyncio
 import http.client
 import json
 import multiprocessing
+import os
 import platform
 import random
 import re
@@ -60,6 +61,8 @@ DRAIN_S = 60.0
 PROBE_INTERVAL_S = 0.5
 #: A request every model refuses in execute() before admission sees it (unknown key).
 PROBE_BODY = {"text_input": "probe", "stream": True, "parameters": {"overload_probe": 1}}
+#: The driver's real-time priority (SCHED_FIFO) once the server is up.
+DRIVER_RT_PRIORITY = 10
 
 
 @dataclass
@@ -161,12 +164,13 @@ async def probe(http: httpx.AsyncClient, url: str, after: float, until: float) -
 
 
 def blocking_probe(url: str, after: float, until: float) -> list[float]:
-    """:func:`probe` from a process of its own with a blocking client (wall-clock window).
+    """:func:`probe` from a process of its own at the default priority (wall-clock window).
 
-    Why: the driver's event loop also reads every stream of the cell, and on two cores
-    it is sometimes late; what this process measures is the server's answer without
-    that lateness, so the two probes side by side say how much of a tail is the driver's.
+    Why: the driver runs real-time (:func:`driver_priority`); this process is a client
+    with no priority on the server's two cores, so the two probes side by side say how
+    much of a tail is the client waiting for a CPU rather than the server answering.
     """
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # not the driver's
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port)
     body, headers = json.dumps(PROBE_BODY), {"Content-Type": "application/json"}
@@ -456,6 +460,23 @@ def overload_cells(
     return cells
 
 
+def driver_priority() -> str:
+    """Run the driver's thread real-time (SCHED_FIFO) when allowed; say which it got.
+
+    Why: the driver stands for clients on other machines, but here it shares two cores
+    with an engine that fills them. On this VM a default-priority process that sleeps
+    waits for a CPU for over 100 ms at times while a real-time one waits at most a few
+    (perf/results/scheduling/20261204T040541Z/README.md), so at the default priority the
+    driver's own wake-ups would be counted as the server's latency. Called once the
+    server runs: tritonserver, its stubs and engines keep the default policy.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(DRIVER_RT_PRIORITY))
+    except PermissionError:
+        return "SCHED_OTHER (no permission for SCHED_FIFO)"
+    return f"SCHED_FIFO {DRIVER_RT_PRIORITY}; the own-process probe at SCHED_OTHER"
+
+
 def environment() -> dict[str, Any]:
     """Versions, the CPU, and the code the server ran (refused if launched from elsewhere)."""
     import vllm
@@ -532,6 +553,7 @@ def main() -> None:
             log_path=out / "server.log",
         ) as server,
     ):
+        scheduling = driver_priority()
         sweep: list[dict[str, Any]] = []
         peak = earlier["sweep_peak_goodput_rps"] if earlier else None
         rates = [float(r) for r in args.sweep.split(",")]
@@ -561,6 +583,7 @@ def main() -> None:
             k: v for k, v in vars(args).items() if k not in ("contract", "saturation_from")
         },
         "environment": env,
+        "driver_scheduling": scheduling,
         "saturation_rps": rate_s or rates[0],
         "saturation_held": bool(rate_s),
         "sweep_peak_goodput_rps": peak,
