@@ -7,13 +7,14 @@ throughput looks fine. A request refused in a millisecond can go to another repl
 one admitted into a queue it cannot leave in time is lost for everyone.
 
 :class:`LatencyPredictor` is calibrated online from the runtime's own timings (the
-engine's stats add the running batch it reports): an EWMA of the seconds one prompt
-token of queued prefill work costs, and an EWMA of the decode step time for each
-running batch size, interpolated linearly between the sizes seen. For an arriving
-request with ``prompt`` tokens, ``ahead`` tokens of prefill still queued before it and
-``batch`` requests running:
+engine's stats add the running batch it reports): prefill time as a line over the
+tokens to prefill (a fixed cost and a cost per token, fitted to exponentially weighted
+moments), and an EWMA of the decode step time for each running batch size,
+interpolated linearly between the sizes seen. For an arriving request with ``prompt``
+tokens, ``ahead`` tokens of prefill still queued before it and ``batch`` requests
+running:
 
-* predicted TTFT = (ahead + prompt) * prefill seconds per token + step(batch + 1)
+* predicted TTFT = fixed + (ahead + prompt) * per token + step(batch + 1)
 * predicted TPOT of everyone once it joins = step(batch + 1)
 
 :class:`Admission` applies the rule: a request with an SLO is refused when its
@@ -59,6 +60,8 @@ MODES = ("off", "observe", "on")
 MAX_PENDING_ERRORS = 4096
 #: Recent actual / predicted ratios (TTFT; mean TPOT over the step) a scaling is read from.
 RATIO_WINDOW = 256
+#: How many times more slowly the prefill line's moments forget than the step EWMAs.
+LINE_SLOWER = 4
 
 
 class SloUnattainable(EngineBusy):
@@ -148,19 +151,46 @@ def _ewma(old: float | None, new: float, alpha: float) -> float:
 
 @dataclass
 class LatencyPredictor:
-    """Prefill cost per token and decode step time by batch size, both EWMAs."""
+    """Prefill as a line over the tokens to prefill (a fixed cost and a cost per token),
+    and the decode step time by batch size; all exponentially weighted.
+
+    Why a line: a request pays some time whatever its prompt (handing it to the engine,
+    waiting to be scheduled). A cost per token alone spreads that over the tokens, so
+    it is too low for short prompts and too high for long ones.
+    """
 
     alpha: float = 0.2
     prefill_s_per_token: float | None = None
+    prefill_fixed_s: float = 0.0
     step_s: dict[int, float] = field(default_factory=dict)
     samples: int = 0
+    #: Weighted means of tokens x, prefill seconds y, x * x and x * y.
+    _moments: tuple[float, ...] | None = None
 
     def observe_first_token(self, work_tokens: int, ttft_s: float, batch: int) -> None:
         """A request's first token came ``ttft_s`` after arrival with ``work_tokens`` of
         prefill (its own and what was queued before it) and ``batch`` running beside it."""
-        step = self.step(batch) or 0.0
-        per_token = max(ttft_s - step, 0.0) / max(work_tokens, 1)
-        self.prefill_s_per_token = _ewma(self.prefill_s_per_token, per_token, self.alpha)
+        x = float(max(work_tokens, 1))
+        y = max(ttft_s - (self.step(batch) or 0.0), 0.0)
+        point = (x, y, x * x, x * y)
+        old = self._moments
+        if old is None and self.prefill_s_per_token is not None:  # a line given: start on it
+            on_line = self.prefill_fixed_s + self.prefill_s_per_token * x
+            old = (x, on_line, x * x, x * on_line)
+        # a line needs more points than a mean: its moments forget LINE_SLOWER times slower
+        weight = self.alpha / LINE_SLOWER
+        self._moments = (
+            point
+            if old is None
+            else tuple(o + weight * (n - o) for o, n in zip(old, point, strict=True))
+        )
+        mean_x, mean_y, mean_xx, mean_xy = self._moments
+        spread = mean_xx - mean_x * mean_x
+        slope = (mean_xy - mean_x * mean_y) / spread if spread > 1e-6 * mean_x * mean_x else -1.0
+        fixed = mean_y - slope * mean_x
+        if slope < 0 or fixed < 0:  # prompts too alike for a line, or one that cannot hold
+            slope, fixed = mean_y / mean_x, 0.0
+        self.prefill_s_per_token, self.prefill_fixed_s = slope, fixed
         self.samples += 1
 
     def observe_step(self, batch: int, seconds: float, weight: float = 1.0) -> None:
@@ -193,7 +223,8 @@ class LatencyPredictor:
         """Predicted TTFT of a request with ``work_tokens`` of prefill to wait for."""
         if self.prefill_s_per_token is None:
             return None
-        return work_tokens * self.prefill_s_per_token + (self.step(batch) or 0.0)
+        prefill = self.prefill_fixed_s + work_tokens * self.prefill_s_per_token
+        return prefill + (self.step(batch) or 0.0)
 
 
 @dataclass

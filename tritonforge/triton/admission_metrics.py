@@ -24,8 +24,9 @@ from tritonforge.serving.admission import (
     AdmissionSnapshot,
 )
 
-#: |predicted - actual| / actual TTFT buckets (0.2: within 20 %).
-TTFT_ERROR_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0]
+#: |predicted - actual| / actual TTFT buckets (0.2: within 20 %), 0.05 apart around 0.2 so
+#: a median near the overload contract's 20 % lands on one side of it.
+TTFT_ERROR_BUCKETS = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0]
 
 
 class AdmissionMetrics:

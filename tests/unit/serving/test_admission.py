@@ -108,6 +108,27 @@ def test_a_request_behind_the_recorded_queue_with_a_tight_slo_is_refused() -> No
     assert snapshot.decisions[NO_SLO] >= 1
 
 
+def test_the_prefill_line_learns_a_fixed_cost_beside_the_cost_per_token() -> None:
+    """First tokens that cost 50 ms whatever the prompt plus 1 ms a token: the line finds
+    both, so a short prompt is not predicted as if the 50 ms were spread over tokens."""
+    predictor = LatencyPredictor(alpha=0.2)
+    predictor.observe_step(1, 0.1)
+    for i in range(200):
+        tokens = 20 + (i * 37) % 380
+        predictor.observe_first_token(tokens, 0.05 + 0.001 * tokens + 0.1, batch=1)
+    assert predictor.prefill_fixed_s == pytest.approx(0.05, rel=1e-6)
+    assert predictor.prefill_s_per_token == pytest.approx(0.001, rel=1e-6)
+    assert predictor.ttft(20, 1) == pytest.approx(0.05 + 0.02 + 0.1, rel=1e-6)
+
+
+def test_prompts_all_alike_give_a_cost_per_token_alone() -> None:
+    predictor = LatencyPredictor(alpha=0.2)
+    for _ in range(10):
+        predictor.observe_first_token(100, 0.2, batch=1)  # no step seen: all of it prefill
+    assert predictor.prefill_fixed_s == 0.0
+    assert predictor.prefill_s_per_token == pytest.approx(0.002)
+
+
 # --- the rule on hand-made timelines ------------------------------------------------
 
 
