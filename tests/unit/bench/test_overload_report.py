@@ -94,3 +94,11 @@ def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
     assert on_at_2.split(" | ")[column + 2] == "3 (3–3)"  # how late the driver's loop was
     low = next(line for line in table if line.startswith("| 0.5 | on |"))
     assert low.split(" | ")[column] == "—"  # cells without probes (older runs) say so
+
+
+def test_the_report_says_how_the_driver_was_scheduled() -> None:
+    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3, "saturation_held": True}
+    rows = report.verdicts(results, OVERLOAD, True)
+    assert "Driver scheduling: SCHED_OTHER (not recorded)." in report.markdown(results, rows, [])
+    results["driver_scheduling"] = "SCHED_FIFO 10; the own-process probe at SCHED_OTHER"
+    assert "Driver scheduling: SCHED_FIFO 10;" in report.markdown(results, rows, [])
