@@ -42,8 +42,20 @@ class Clock:
         return self.now
 
 
-def replay(timeline: list[dict], admission: Admission, clock: Clock) -> None:
-    """Feed a recorded timeline's events to ``admission`` in time order (all admitted)."""
+def replay(
+    timeline: list[dict],
+    admission: Admission,
+    clock: Clock,
+    sampling: SamplingParams | None = None,
+) -> int:
+    """Feed a recorded timeline's events to ``admission`` in time order, each request
+    with ``sampling`` (none: no SLO), screened and admitted as the runtime does.
+
+    Returns how many were refused; a refused request's tokens are ignored, as admission
+    ignores any request it does not track.
+    """
+    sampling = sampling or SamplingParams()
+    refused = 0
     events: list[tuple[float, int, str, int]] = []  # time, order, request id, tokens
     for i, row in enumerate(timeline):
         events.append((row["arrival"], 0, f"r{i}", row["prompt_tokens"]))
@@ -53,11 +65,16 @@ def replay(timeline: list[dict], admission: Admission, clock: Clock) -> None:
     for when, kind, request_id, value in sorted(events):
         clock.now = when
         if kind == 0:
-            admission.admit(request_id, value, SamplingParams())
+            try:
+                admission.screen(sampling)
+                admission.admit(request_id, value, sampling)
+            except SloUnattainable:
+                refused += 1
         elif kind == 1:
             admission.saw_tokens(request_id, value)
         else:
             admission.release(request_id)
+    return refused
 
 
 def recorded() -> list[dict]:
@@ -81,9 +98,12 @@ def test_ttft_prediction_error_on_the_recorded_timeline_is_reported() -> None:
     """Every request admitted with a prediction leaves one error sample for the metrics.
 
     The recorded timeline is a deeply overloaded two-core host (TTFT p50 29 s, decode
-    steps of 0.3-4 s as other work came and went); the median error after the first
-    third was 0.32 when recorded. The contract's 20 % target is judged by
-    perf/contracts/overload.yaml on a quiet host; this test holds the replay to 0.5.
+    steps of 0.3-4 s as other work came and went, TTFTs of 21-42 s whether 600 or 5,000
+    prompt tokens were queued ahead): little here is predictable. The median error after
+    the first third was 0.60 with the step as a line over the batch size (0.32 with the
+    step looked up per size, which refused requests on quiet timelines that met their
+    SLO: see the tests below). The contract's 20 % target is judged by
+    perf/contracts/overload.yaml on a quiet host; this test holds the replay to 0.7.
     """
     clock = Clock()
     admission = Admission(AdmissionSettings(mode="observe"), clock=clock)
@@ -91,7 +111,7 @@ def test_ttft_prediction_error_on_the_recorded_timeline_is_reported() -> None:
     errors = admission.snapshot().ttft_errors
     # the requests that arrived before any first token had nothing to go on
     assert len(recorded()) - 3 <= len(errors) < len(recorded())
-    assert statistics.median(errors[len(errors) // 3 :]) < 0.5
+    assert statistics.median(errors[len(errors) // 3 :]) < 0.7
     assert admission.snapshot().ttft_errors == []  # drained by the first snapshot
 
 
@@ -141,6 +161,23 @@ def test_near_saturation_the_median_ttft_error_is_within_20_percent() -> None:
     errors = admission.snapshot().ttft_errors
     assert len(errors) > 200
     assert statistics.median(errors[100:]) < 0.2
+
+
+def test_at_saturation_requests_that_met_their_slo_are_not_refused() -> None:
+    """On the timeline recorded at the contract's saturation rate every request met a
+    2 s TTFT and a 150 ms TPOT (TPOT p95 78 ms). Replayed with those SLOs and admission
+    on, none is refused: below its limits the engine keeps every promise itself. (With
+    the step looked up per batch size, noisy sizes refused 50 of the 240.)"""
+    rows = json.loads(TIMELINE_AT_S.read_text())["requests"]
+    for row in rows:  # the premise: each request met both SLOs when recorded
+        times = row["token_times"]
+        assert times[0] - row["arrival"] <= 2.0
+        assert (times[-1] - times[0]) / max(len(times) - 1, 1) <= 0.150
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="on"), clock=clock)
+    slo = SamplingParams(slo_ttft_ms=2000, slo_tpot_ms=150)
+    assert replay(rows, admission, clock, slo) == 0
+    assert admission.snapshot().decisions[ADMITTED] == len(rows)
 
 
 # --- the rule on hand-made timelines ------------------------------------------------
@@ -243,7 +280,7 @@ def test_reset_forgets_the_calibration() -> None:
     assert admission.predictor.samples == 0 and admission.predictor.ttft(10, 1) is None
 
 
-def test_step_time_interpolates_and_extends_the_sizes_seen() -> None:
+def test_step_time_is_a_line_over_the_sizes_seen() -> None:
     predictor = LatencyPredictor()
     assert predictor.step(3) is None
     predictor.observe_step(2, 0.1)
@@ -252,6 +289,24 @@ def test_step_time_interpolates_and_extends_the_sizes_seen() -> None:
     assert predictor.step(3) == pytest.approx(0.15)
     assert predictor.step(6) == pytest.approx(0.3)
     assert predictor.step(1) == pytest.approx(0.05)
+
+
+def test_one_noisy_size_does_not_make_its_own_prediction() -> None:
+    """Steps of 30 + 2 ms per running request, except that batch 6's few steps caught a
+    prefill (97 ms, as on a recorded timeline): a request joining five is judged on
+    the line through all sizes, not on that one entry; and a bigger batch never
+    predicts a faster step."""
+    predictor = LatencyPredictor(alpha=0.2)
+    for _ in range(10):
+        for batch in (1, 2, 3, 4, 5, 7, 8):
+            predictor.observe_step(batch, 0.030 + 0.002 * batch)
+    predictor.observe_step(6, 0.097)
+    assert predictor.step(6) < 0.06
+    assert predictor.step(12) == pytest.approx(0.054, abs=0.01)
+    falling = LatencyPredictor()
+    falling.observe_step(1, 0.08)
+    falling.observe_step(8, 0.04)
+    assert falling.step(16) == pytest.approx(falling.step(1))
 
 
 def test_a_step_is_observed_once_however_many_requests_it_served() -> None:
