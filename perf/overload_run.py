@@ -481,19 +481,13 @@ def environment() -> dict[str, Any]:
     """Versions, the CPU, and the code the server ran (refused if launched from elsewhere)."""
     import vllm
 
-    from tritonforge.bench.environment import served_code
+    from tritonforge.bench.environment import machine, served_code
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    host = machine()
     return {
-        "cpu": cpu,
+        "cpu": host.cpu_model,
         "cores": len(__import__("os").sched_getaffinity(0)),
+        "isa_flags": host.isa_flags,
         "python": platform.python_version(),
         "vllm": vllm.__version__,
         "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
