@@ -53,7 +53,9 @@ def quantize(source: Path, kind: str, into: Path) -> Path:
     target = into / f"{source.stem}.{source.stat().st_size}.{kind}.gguf"
     if not target.exists():
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+        # every type is "MOSTLY_" but float32, which is "ALL_" (norms included)
+        prefix = "ALL" if kind == "F32" else "MOSTLY"
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{prefix}_{kind}")
         params.allow_requantize = True
         partial = target.with_suffix(".part")
         if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params):
