@@ -24,6 +24,7 @@ from tests.e2e.client import LONG_GREEDY, llm_inputs, metric, requests_cancelled
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.launch.launcher import MODEL_REPOSITORY
+from tritonforge.launch.model_store import DEFAULT_MODEL_NAME, SERVED_GGUF
 from tritonforge.repo import pbtxt
 
 MODEL = "llamacpp_model"
@@ -212,9 +213,19 @@ def test_parallel_streams_interleave(server) -> None:
     assert during >= len(first) // 2, (during, len(first))  # most arrive within the other's
 
 
-def test_cancelling_one_sequence_leaves_the_others_text_unchanged(server) -> None:
+def first_token(server, prompt: str) -> str:
+    """The greedy first token's text: it comes from the prompt's own evaluation calls,
+    the same whatever decodes beside the sequence afterwards."""
+    return alone(server, prompt, GREEDY | {"max_tokens": 1})
+
+
+def test_cancelling_one_sequence_lets_the_others_finish(server) -> None:
+    """The survivors of a cancel finish normally. Their whole text equals their text alone
+    only with ``batch_invariant`` (see tests/unit/engines/test_llamacpp_batch_invariance.py):
+    with bfloat16 weights a sequence decoded beside a neighbour slot is summed in another
+    order than one decoded as a row of its own."""
     survivors = ["The three primary colours are", "Write a haiku about rain:"]
-    expected = [alone(server, prompt) for prompt in survivors]
+    firsts = [first_token(server, prompt) for prompt in survivors]
     doomed = OpenStream(server, "Tell a very long story:", LONG_GREEDY)
     try:
         doomed.first_response()
@@ -230,13 +241,16 @@ def test_cancelling_one_sequence_leaves_the_others_text_unchanged(server) -> Non
     finally:
         doomed.cancel()
     assert [r.error for r in results] == [None, None]
-    assert [r.text for r in results] == expected
+    for result, first in zip(results, firsts, strict=True):
+        assert result.text.startswith(first) and len(result.text) > len(first)
+    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="the cancelled one gone")
 
 
 def test_constrained_and_free_sequences_batched_together_keep_their_own_rules(server) -> None:
-    """A grammar and a seed are per sequence: neither leaks into the sequence beside it."""
+    """A grammar and a seed are per sequence: neither leaks into the sequence beside it
+    (the free sequence's exact text beside others: see the cancel test above)."""
     free = "Paris is the capital of"
-    expected = alone(server, free)
+    first = first_token(server, free)
     choice = {"temperature": 0.8, "seed": 3, "max_tokens": 8,
               "structured_outputs": {"choice": ["yes", "no"]}}  # fmt: skip
     with ThreadPoolExecutor(4) as pool:
@@ -246,7 +260,9 @@ def test_constrained_and_free_sequences_batched_together_keep_their_own_rules(se
         unconstrained = pool.submit(stream, server.grpc_url, MODEL,
                                     llm_inputs(free, sampling=GREEDY))  # fmt: skip
         answers = {f.result().text for f in constrained}
-        assert unconstrained.result().text == expected
+        text = unconstrained.result().text
+        assert text.startswith(first) and text.strip() not in {"yes", "no"}
+        assert len(text.split()) > 3  # free to run past a one-word answer
     assert len(answers) == 1 and answers <= {"yes", "no"}, answers  # same seed, same answer
 
 
@@ -282,7 +298,8 @@ def test_a_cached_prefix_gives_the_cold_runs_greedy_text(server) -> None:
 
 
 def test_engine_config_is_llama_keyword_arguments_plus_the_adapters_own() -> None:
-    assert SETTINGS["model_path"] == "$TRITONFORGE_GGUF"
+    # the bfloat16 GGUF the model store writes (tritonforge/launch/model_store.py)
+    assert SETTINGS["model_path"] == f"$TRITONFORGE_MODELS/{DEFAULT_MODEL_NAME}/{SERVED_GGUF}"
     assert json.dumps(SETTINGS)  # plain JSON, no engine objects
     assert SLOTS > 1 and "n_parallel" in ADAPTER_KEYS  # never handed to Llama()
     assert MAX_INFLIGHT > SLOTS  # room to wait before "busy"

@@ -1,18 +1,29 @@
 """llama.cpp adapter (llama-cpp-python): the only module that imports llama_cpp.
 
 The engine serves a GGUF file through one llama.cpp context. ``model.json`` holds
-``llama_cpp.Llama`` keyword arguments (as vLLM's holds ``AsyncEngineArgs``) plus two
-keys this adapter owns, which ``Llama()`` would silently ignore: ``n_parallel``, the
-number of sequences decoded together (llama-server's slots), and ``kv_unified``.
+``llama_cpp.Llama`` keyword arguments (as vLLM's holds ``AsyncEngineArgs``) plus keys
+this adapter owns, which ``Llama()`` would silently ignore: ``n_parallel``, the number
+of sequences decoded together (llama-server's slots), ``kv_unified`` and
+``batch_invariant`` (below).
 ``n_ctx`` is each sequence's context: every slot keeps the model's full context.
 
 Continuous batching: the ``Llama`` object loads the model, tokenizer and chat template;
 the serving context is this adapter's own, built from ``Llama``'s parameters with
-``n_seq_max`` = ``n_parallel`` and ``n_ctx`` = ``n_parallel`` x context. Its KV cache is
-split per sequence (``kv_unified`` false by default): a unified one evaluated prompts
-slower in every round measured (perf/results/llamacpp-step), and a sequence's logits
-measured bit-for-bit the same alone and beside others. ``flash_attn`` must stay on for
-that: llama.cpp's other attention kernel sums over masked cells too, so an answer would
+``n_seq_max`` = ``n_parallel`` (plus one with ``batch_invariant``) and ``n_ctx`` = ``n_seq_max`` x
+context. Its KV cache is split per sequence (``kv_unified`` false by default): a unified
+one evaluated prompts slower in every round measured (perf/results/llamacpp-step).
+
+Whether a sequence's logits are bit-for-bit the same alone and beside others depends on
+the weights. llama.cpp evaluates a call in runs of consecutive sequences; with float
+weights (the shipped bfloat16 GGUF) a run of one is a dot product per row and a longer
+run a tiled GEMM, which sums in another order, so a greedy answer can change at a
+near-tie with which slots decode beside it, as in llama-server; a sequence alone gives
+llama.cpp's own single-sequence answer. ``batch_invariant`` (false by default) pads
+every run of one to two rows, so answers no longer depend on the neighbours, at a cost:
+one request alone streamed about half the tokens/s through Triton
+(perf/results/llamacpp/20261204T162820Z). Quantised weights without a GEMM kernel (Q4_1)
+are invariant either way. ``flash_attn`` must stay on for invariance too: llama.cpp's
+other attention kernel sums over masked cells too, so an answer would
 depend on which cells of its slot a sequence landed in after earlier requests (a seeded
 request sent twice gave two texts). One worker thread owns the
 context (its calls block); every step it lets waiting requests into free slots,
@@ -89,7 +100,10 @@ from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import SamplingParams
 
 #: model.json keys this adapter reads itself; the rest are ``Llama()`` keyword arguments.
-ADAPTER_KEYS = frozenset({"n_parallel", "kv_unified"})
+ADAPTER_KEYS = frozenset({"n_parallel", "kv_unified", "batch_invariant"})
+#: GGUF file types whose matrices llama.cpp multiplies with a dot product for one row and
+#: a tiled GEMM (llamafile's tinyBLAS) for two or more: the two sum in different orders.
+FLOAT_FILE_TYPES = frozenset({0, 1, 32})  # all F32, mostly F16, mostly BF16
 
 # --- the model's vocabulary, read once ------------------------------------------
 
@@ -237,16 +251,36 @@ class _Sequence:
 
 
 class _Context:
-    """The llama.cpp context the worker owns: one batch, decode calls, logits, KV edits."""
+    """The llama.cpp context the worker owns: one batch, decode calls, logits, KV edits.
 
-    def __init__(self, llama: Any, settings: dict[str, Any], slots: int, context: int) -> None:
+    With one KV stream per sequence (``kv_unified`` false) llama.cpp evaluates a call in
+    runs of consecutive sequence ids, one pass over the weights per run, so a step's
+    tokens go in sequence order (:meth:`step`). ``pad_lone_steps``: a run of one
+    sequence gets a throw-away row in the next stream (appended after that stream's last
+    cell and removed after the call; the stream past the last slot exists for this).
+    With float weights llama.cpp multiplies one row with a dot product and two or more
+    with a tiled GEMM, which sums in another order, so without the pad a greedy answer
+    could change with which slots ran beside it.
+    """
+
+    def __init__(
+        self,
+        llama: Any,
+        settings: dict[str, Any],
+        slots: int,
+        context: int,
+        pad_lone_steps: bool,
+    ) -> None:
         params = llama_cpp.llama_context_params.from_buffer_copy(llama.context_params)
-        self.capacity = max(int(settings.get("n_batch", 512)), slots, PROMPT_BLOCK)
-        params.n_ctx = slots * context
+        self.capacity = max(int(settings.get("n_batch", 512)), 2 * slots, PROMPT_BLOCK)
+        self.pad_lone_steps = pad_lone_steps
+        streams = slots + 1 if pad_lone_steps else slots
+        params.n_ctx = streams * context
         params.n_batch = self.capacity
         params.n_ubatch = min(int(settings.get("n_ubatch", 512)), self.capacity)
-        params.n_seq_max = slots
+        params.n_seq_max = streams
         params.kv_unified = bool(settings.get("kv_unified", False))
+        self.threads = (int(params.n_threads), int(params.n_threads_batch))
         self.n_vocab = llama.n_vocab()
         self.ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
         if not self.ctx:
@@ -265,6 +299,34 @@ class _Context:
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed (status {status})")
+
+    def step(self, items: list[tuple[int, int, int]]) -> list[int]:
+        """Decode ``(token, position, seq_id)``, one per generating sequence, in one call;
+        returns each item's output index for :meth:`logits`."""
+        ids = {seq_id for _, _, seq_id in items}
+        rows: list[tuple[int, int, int, bool]] = []
+        pads: list[tuple[int, int]] = []
+        index = [0] * len(items)
+        for i in sorted(range(len(items)), key=lambda i: items[i][2]):
+            token, position, seq_id = items[i]
+            index[i] = len(rows)
+            rows.append((token, position, seq_id, True))
+            if self.pad_lone_steps and seq_id - 1 not in ids and seq_id + 1 not in ids:
+                start = llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id + 1) + 1
+                # logits too: the output matrix is then multiplied as in any run of two
+                rows.append((token, start, seq_id + 1, True))
+                pads.append((seq_id + 1, start))
+        lone = len(items) == 1
+        if lone:  # one sequence's step keeps n_threads, as llama.cpp gives an unpadded one
+            llama_cpp.llama_set_n_threads(self.ctx, self.threads[0], self.threads[0])
+        try:
+            self.decode(rows)
+        finally:
+            if lone:
+                llama_cpp.llama_set_n_threads(self.ctx, *self.threads)
+            for seq_id, start in pads:
+                self.forget(seq_id, start)
+        return index
 
     def logits(self, index: int) -> npt.NDArray[np.float32]:
         """The logits of output ``index`` of the last call, as a view (valid until the next)."""
@@ -331,8 +393,9 @@ class LlamaCppEngine(Engine):
             raise ValueError(
                 f"model.json: n_parallel must be a whole number >= 1, got {parallel!r}"
             )
-        if not isinstance(settings.get("kv_unified", False), bool):
-            raise ValueError("model.json: kv_unified must be true or false")
+        for key, default in (("kv_unified", False), ("batch_invariant", False)):
+            if not isinstance(settings.get(key, default), bool):
+                raise ValueError(f"model.json: {key} must be true or false")
         # The serving context reads logits per output row; Llama's own would cost
         # n_ctx x n_vocab floats.
         settings["logits_all"] = False
@@ -380,7 +443,9 @@ class LlamaCppEngine(Engine):
                 eos_token=self._special_text(llama.token_eos()),
                 bos_token=self._special_text(llama.token_bos()),
             )
-        self._ctx = _Context(llama, self._settings, self._n_parallel, self._context_tokens)
+        file_type = int(llama.metadata.get("general.file_type", -1))
+        pad = bool(self._settings.get("batch_invariant", False)) and file_type in FLOAT_FILE_TYPES
+        self._ctx = _Context(llama, self._settings, self._n_parallel, self._context_tokens, pad)
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -690,18 +755,18 @@ class LlamaCppEngine(Engine):
         if not generating:
             return
         assert self._ctx is not None
-        items = [(s.token, s.position, s.slot.seq_id, True) for s in generating]
+        items = [(s.token, s.position, s.slot.seq_id) for s in generating]
         try:
-            self._ctx.decode(items)  # type: ignore[arg-type]  # generating: token is set
+            rows = self._ctx.step(items)  # type: ignore[arg-type]  # generating: token is set
         except Exception as exc:
             for sequence in generating:
                 self._leave(sequence)
                 sequence.job.deliver(exc)
             return
-        for index, sequence in enumerate(generating):
+        for sequence, row in zip(generating, rows, strict=True):
             sequence.position += 1
             try:
-                self._emit(sequence, index)
+                self._emit(sequence, row)
             except Exception as exc:
                 self._leave(sequence)
                 sequence.job.deliver(exc)
