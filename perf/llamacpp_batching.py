@@ -257,7 +257,9 @@ def main() -> None:
                 asyncio.run(send_all(server, name, ["warm up", "warm up too"], 2, 4))
             record["rows"] = measure(server, names, opts)
     record["targets"] = judge_targets(record["rows"], opts.rounds, opts.max_foreign_cpu_share)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    # paths the options named inside the clone are recorded relative to it
+    text = json.dumps(record, indent=1).replace(f"{REPO}/", "")
+    (out_dir / "results.json").write_text(text + "\n")
     print(json.dumps(record["targets"], indent=1))
     print(f"wrote {out_dir / 'results.json'}")
 

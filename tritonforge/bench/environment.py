@@ -287,7 +287,8 @@ def bench_versions(venv: Path = BENCH_VENV) -> dict[str, str]:
     """
     python = venv / "bin" / "python"
     if not python.exists():
-        return {"error": f"{venv} missing"}
+        shown = venv.relative_to(REPO_ROOT) if venv.is_relative_to(REPO_ROOT) else venv
+        return {"error": f"{shown} missing"}
     code = (
         "import importlib.metadata as m, json, sys\n"
         f"names = {list(BENCH_PACKAGES)!r}\n"
