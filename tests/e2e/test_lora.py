@@ -140,13 +140,30 @@ def test_lora_name_as_sampling_key_over_http_generate(server, offline) -> None:
     assert generate(server.http_url, MODEL, body)["text_output"] == offline["smol-beta"]
 
 
+def shared_prefix(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` have in common."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def test_adapters_and_base_interleaved_concurrently_keep_their_own_answers(server, offline) -> None:
     """Six requests in flight at once, base and both adapters interleaved: vLLM batches
-    them together, each with its own adapter (or none)."""
+    them together, each with its own adapter (or none).
+
+    A batch's GEMMs have other shapes than one request's, so a greedy near-tie may resolve
+    otherwise than offline one at a time (seen once in CI: the base model's text left the
+    offline one at its 9th token). What the batch must keep is each request's own adapter:
+    every answer follows its variant's offline text past the point where that text parts
+    from the other variants' texts.
+    """
     order = [*VARIANTS, *reversed(VARIANTS)]
     with ThreadPoolExecutor(len(order)) as pool:
         answers = list(pool.map(lambda lora: ask(server, lora), order))
-    assert answers == [offline[lora] for lora in order]
+    for lora, answer in zip(order, answers, strict=True):
+        own = shared_prefix(answer, offline[lora])
+        others = {v: shared_prefix(answer, offline[v]) for v in VARIANTS if v != lora}
+        assert all(own > shared for shared in others.values()), (lora, answer, offline)
 
 
 def test_unknown_lora_name_is_invalid_arg_listing_the_adapters(server, offline) -> None:
