@@ -80,6 +80,7 @@ from tritonforge.engines.base import (
     EngineOutput,
     EngineStats,
     Mailbox,
+    OutputSink,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -202,18 +203,26 @@ class _Job:
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
 
-def _sampler_chain(params: SamplingParams, grammar: str | None, vocab: Any, last_n: int) -> Any:
-    """A llama.cpp sampler chain for one sequence, in ``Llama``'s own order.
+def _sampler_chain(
+    params: SamplingParams, grammar: str | None, vocab: Any, last_n: int
+) -> Any | None:
+    """A llama.cpp sampler chain for one sequence, in ``Llama``'s own order; None when
+    the chain would only take the argmax.
 
     ``llama_sampler_sample`` accepts each sampled token into the chain, so penalties
-    see the generation and the grammar advances with it.
+    see the generation and the grammar advances with it. It also builds a candidate
+    array of the whole vocabulary first, on the worker thread between two steps, so
+    plain greedy decoding takes the argmax of the logits row itself: the same token,
+    llama.cpp's greedy sampler also keeping the first maximum.
     """
+    penalties = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
+    if params.temperature == 0 and penalties == (1.0, 0.0, 0.0) and grammar is None:
+        return None
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
 
     def add(sampler: Any) -> None:
         llama_cpp.llama_sampler_chain_add(chain, sampler)
 
-    penalties = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
     if penalties != (1.0, 0.0, 0.0):
         add(llama_cpp.llama_sampler_init_penalties(last_n, *penalties))
     if grammar is not None:
@@ -237,7 +246,7 @@ class _Sequence:
     job: _Job
     slot: Slot
     decoding: TokenDecoding
-    sampler: Any  # llama.cpp sampler chain, freed when the sequence leaves
+    sampler: Any | None  # llama.cpp sampler chain, freed when the sequence leaves; None: argmax
     evaluated: int  # prompt tokens whose KV the slot holds
     token: int | None = None  # sampled, not yet evaluated
     position: int = 0  # the position ``token`` goes to
@@ -564,6 +573,38 @@ class LlamaCppEngine(Engine):
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
+        job, outputs = self._submit(request_id, prompt, sampling)
+        with self._jobs.track(request_id, job):
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+
+    async def push(
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingParams,
+        sink: OutputSink,
+    ) -> None:
+        """Each delta the worker delivers goes straight to ``sink`` (see Engine.push)."""
+
+        def take(item: EngineOutput | BaseException) -> bool:
+            if isinstance(item, BaseException):
+                raise item
+            return sink(item) and not item.finished
+
+        job, outputs = self._submit(request_id, prompt, sampling)
+        with self._jobs.track(request_id, job):
+            await outputs.drain(take)
+
+    def _submit(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> tuple[_Job, Mailbox[EngineOutput | BaseException]]:
+        """Queue the request for the worker; its outputs arrive in the mailbox."""
         assert self._llama is not None, "engine not started"
         loop = asyncio.get_running_loop()
         outputs: Mailbox[EngineOutput | BaseException] = Mailbox()
@@ -582,14 +623,7 @@ class LlamaCppEngine(Engine):
         with self._counts:
             self._queued += 1
         self._inbox.put(job)
-        with self._jobs.track(request_id, job):
-            while True:
-                item = await outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
+        return job, outputs
 
     def _drop(self, job: _Job) -> bool:
         """Abort ``job``; True if it was still waiting (it will never run)."""
@@ -719,7 +753,8 @@ class LlamaCppEngine(Engine):
         if sequence not in self._running:
             return  # already left (its delivery failed after it finished)
         self._running.remove(sequence)
-        llama_cpp.llama_sampler_free(sequence.sampler)
+        if sequence.sampler is not None:
+            llama_cpp.llama_sampler_free(sequence.sampler)
         slot = sequence.slot
         slot.cached = sequence.job.prompt[: sequence.evaluated]
         self._ctx.forget(slot.seq_id, len(slot.cached))
@@ -780,7 +815,10 @@ class LlamaCppEngine(Engine):
         raw = row.astype(np.float64) if decoding.params.logprobs is not None else None
         if decoding.forbids_end():
             row[self._vocab.ends_generation] = -np.inf
-        token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx.ctx, index)
+        if sequence.sampler is None:
+            token = int(row.argmax())
+        else:
+            token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx.ctx, index)
         logprob = None if raw is None else self._logprobs(raw, token, decoding.params.logprobs or 0)
         output = decoding.output(token, logprob)
         sequence.token = None if output.finished else token
