@@ -28,6 +28,9 @@ from tritonforge.serving.schema import GenerateRequest
 Handle = TypeVar("Handle")
 Item = TypeVar("Item")
 
+#: Takes one delta of a request; returns False once it wants no more.
+OutputSink = Callable[["EngineOutput"], bool]
+
 
 @dataclass(frozen=True)
 class PreparedPrompt:
@@ -237,6 +240,27 @@ class Engine(TokenLimits):
     ) -> AsyncIterator[EngineOutput]:
         """Stream deltas for one request; the last one has ``finished`` set."""
 
+    async def push(
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingParams,
+        sink: OutputSink,
+    ) -> None:
+        """Hand one request's deltas to ``sink`` on the event loop, in order, until the
+        last one or until ``sink`` returns False (the consumer wants no more).
+
+        The runtime consumes every engine through this. Here it iterates
+        :meth:`generate`; an engine that produces its deltas on the loop itself overrides
+        it to call ``sink`` as each delta is made, so a streamed token costs no task
+        wake-up (with hundreds of sequences a step, those wake-ups were the largest
+        share of the event loop's time per token).
+        """
+        async with contextlib.aclosing(self.generate(request_id, prompt, sampling)) as deltas:
+            async for delta in deltas:
+                if not sink(delta):
+                    return
+
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its engine resources (idempotent)."""
@@ -362,20 +386,27 @@ async def stop_on_thread(handle: Handle | None, stop: Callable[[Handle], object]
 
 
 class Mailbox(Generic[Item]):
-    """One request's outputs from its engine to its generator, on the event loop.
+    """One request's outputs from its engine to its consumer, on the event loop.
 
     What ``asyncio.Queue`` does for this one producer and one consumer, at a fraction of
     its cost per item (no size bound, task counting or waiter list): a streamed token
-    passes through here once per step for every running sequence.
+    passes through here once per step for every running sequence. A consumer either
+    awaits each item (:meth:`get`) or has every item handed to a function as it is put
+    (:meth:`drain`), which spares the task wake-up per item.
     """
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_drained", "_items", "_sink", "_waiter")
 
     def __init__(self) -> None:
         self._items: collections.deque[Item] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[Item], bool] | None = None
+        self._drained: asyncio.Future[None] | None = None
 
     def put(self, item: Item) -> None:
+        if self._sink is not None:
+            self._hand(self._sink, item)
+            return
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None:
@@ -388,6 +419,37 @@ class Mailbox(Generic[Item]):
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         return self._items.popleft()
+
+    async def drain(self, sink: Callable[[Item], bool]) -> None:
+        """Call ``sink`` with every item, those waiting first, then each as it is put,
+        until ``sink`` returns False; what ``sink`` raises is raised here.
+
+        The producer's ``put`` runs ``sink``, so a failing consumer never breaks the
+        producer (an engine step serving other requests): the error ends this wait only.
+        """
+        self._drained = drained = asyncio.get_running_loop().create_future()
+        while self._items and not drained.done():
+            self._hand(sink, self._items.popleft())
+        if not drained.done():
+            self._sink = sink
+        try:
+            await drained
+        finally:
+            self._sink = self._drained = None
+
+    def _hand(self, sink: Callable[[Item], bool], item: Item) -> None:
+        drained = self._drained
+        assert drained is not None
+        try:
+            more = sink(item)
+        except Exception as exc:  # the consumer's error, raised in drain()
+            more = False
+            if not drained.done():
+                drained.set_exception(exc)
+        if not more:
+            self._sink = None
+            if not drained.done():
+                drained.set_result(None)
 
 
 class RequestTracker(Generic[Handle]):

@@ -47,6 +47,7 @@ from tritonforge.engines.base import (
     EngineStats,
     HFTokenizedEngine,
     Mailbox,
+    OutputSink,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -293,15 +294,33 @@ class SyntheticEngine(HFTokenizedEngine):
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
-        sequence = self._sequence(request_id, prompt, sampling)
-        self._waiting.append(sequence)
-        self._work.set()
+        sequence = self._enqueue(request_id, prompt, sampling)
         with self._requests.track(request_id, sequence):
             while True:
                 output = await sequence.outputs.get()
                 yield output
                 if output.finished:
                     return
+
+    async def push(
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingParams,
+        sink: OutputSink,
+    ) -> None:
+        """Each step hands the sequence's delta straight to ``sink`` (see Engine.push)."""
+        sequence = self._enqueue(request_id, prompt, sampling)
+        with self._requests.track(request_id, sequence):
+            await sequence.outputs.drain(lambda output: sink(output) and not output.finished)
+
+    def _enqueue(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> SyntheticSequence:
+        sequence = self._sequence(request_id, prompt, sampling)
+        self._waiting.append(sequence)
+        self._work.set()
+        return sequence
 
     def _release(self, sequence: SyntheticSequence) -> None:
         """The request's generator ended (finished, or its consumer is gone): drop it."""

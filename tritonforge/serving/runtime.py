@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -409,11 +409,7 @@ class Runtime:
             prefix="" if request.stream else prefix,
         )
         try:
-            deltas = self._deltas(request_id, request, prepared, entry, timing)
-            if request.stream:
-                await self._stream(deltas, entry)
-            else:
-                await self._aggregate(deltas, entry)
+            await self._consume(request_id, request, prepared, entry, timing)
             if entry.cancelled:
                 self._send(entry, None, asyncio.CancelledError("request cancelled"), True)
         except (RequestError, EngineUnavailable) as exc:
@@ -441,58 +437,52 @@ class Runtime:
             # Every path above sent the FINAL; this only guards the one-FINAL rule.
             self._send(entry, None, EngineUnavailable("the request ended without an answer"), True)
 
-    async def _deltas(
+    async def _consume(
         self,
         request_id: str,
         request: GenerateRequest,
         prepared: PreparedPrompt,
         entry: _Inflight,
         timing: _Timing,
-    ) -> AsyncIterator[EngineOutput]:
-        """The engine's deltas until it finishes or the client cancels."""
+    ) -> None:
+        """The engine's deltas into the request's stream or aggregate until the engine
+        finishes, the client cancels or the deadline passes.
+
+        Each delta is taken where the engine delivers it (:meth:`Engine.push`), on the
+        loop, without waking this task. The deadline bounds the whole wait, not just
+        the gaps between deltas, so a request ends on time whatever the engine is doing
+        with it (queued behind others, evaluating a long prompt); expiry cancels the
+        wait inside the engine, which releases the request, and the caller aborts it.
+        """
         if self._failure is not None:  # failed between submit() and now
             raise self._failure_error()
-        deltas = self.engine.generate(request_id, prepared, request.sampling)
-        if entry.deadline is not None:  # no wrapper per delta for a request without one
-            deltas = _until(entry.deadline, deltas)
-        async for delta in deltas:
+        taker = _Streamed(self, entry) if request.stream else _Aggregated(self, entry)
+        admission = self.admission
+
+        def take(delta: EngineOutput) -> bool:
             if entry.cancelled:
-                return
+                return False
             timing.saw(delta)
-            if self.admission is not None:
-                self.admission.saw_tokens(request_id, len(delta.token_ids))
-            yield delta
+            if admission is not None:
+                admission.saw_tokens(request_id, len(delta.token_ids))
+            taker.take(delta)
+            return True
 
-    async def _stream(self, deltas: AsyncIterator[EngineOutput], entry: _Inflight) -> None:
-        """One response per delta that completes text (fewer when coalesced); FINAL last."""
-        held: EngineOutput | None = None
-        finished = False
-        async for delta in deltas:
-            finished = delta.finished
-            # Tokens whose text is not complete yet (half a UTF-8 character, a possible
-            # stop string) ride with the response that completes it, so each response's
-            # output_ids decode to exactly its text_output. A stateless detokenizer
-            # downstream (the ensemble's postprocessing) then streams exact text without
-            # keeping per-request state.
-            held = merge_outputs(held, delta)
-            if held.text or finished:
-                self._send(entry, held, None, finished)
-                held = None
-        if entry.cancelled:
-            return
-        if held is not None:  # the engine stopped mid-character: flush, close
-            self._send(entry, held, None, True)
-        elif not finished:  # the engine stopped without a final delta: close
-            self._send(entry, None, None, True)
-
-    async def _aggregate(self, deltas: AsyncIterator[EngineOutput], entry: _Inflight) -> None:
-        """One response with the whole generation (the prompt first, when echoed)."""
-        generation = Generation()
-        async for delta in deltas:
-            generation.add(delta)
-        if entry.cancelled:
-            return
-        self._send(entry, generation.as_output(), None, True)
+        work = self.engine.push(request_id, prepared, request.sampling, take)
+        deadline = entry.deadline
+        if deadline is None:
+            await work
+        else:
+            expiry = asyncio.timeout(deadline.at - time.monotonic())
+            try:
+                async with expiry:
+                    await work
+            except TimeoutError:
+                if not expiry.expired():
+                    raise  # the engine's own TimeoutError: a failure like any other
+                raise DeadlineExceeded(deadline.seconds, deadline.source) from None
+        if not entry.cancelled:
+            taker.close()
 
     async def _abort_quietly(self, request_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -642,25 +632,49 @@ class Runtime:
                         self._idle.notify_all()
 
 
-async def _until(
-    deadline: Deadline, deltas: AsyncIterator[EngineOutput]
-) -> AsyncIterator[EngineOutput]:
-    """The engine's deltas until ``deadline``; past it, raise :class:`DeadlineExceeded`.
+class _Streamed:
+    """A streamed request's deltas into responses: one per delta that completes text
+    (fewer when coalesced), the FINAL last.
 
-    The wait for each delta is bounded, not just checked between deltas, so a request
-    ends on time whatever the engine is doing with it (queued behind others, evaluating
-    a long prompt). Expiry cancels that wait inside the engine's iterator, which closes
-    it and releases the engine request; the runtime then aborts the request as well.
+    Tokens whose text is not complete yet (half a UTF-8 character, a possible stop
+    string) ride with the response that completes it, so each response's output_ids
+    decode to exactly its text_output. A stateless detokenizer downstream (the
+    ensemble's postprocessing) then streams exact text without keeping per-request state.
     """
-    while True:
-        expiry = asyncio.timeout(deadline.at - time.monotonic())
-        try:
-            async with expiry:
-                delta = await anext(deltas)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            if not expiry.expired():
-                raise  # the engine's own TimeoutError: a failure like any other
-            raise DeadlineExceeded(deadline.seconds, deadline.source) from None
-        yield delta
+
+    __slots__ = ("_entry", "_finished", "_held", "_runtime")
+
+    def __init__(self, runtime: Runtime, entry: _Inflight) -> None:
+        self._runtime, self._entry = runtime, entry
+        self._held: EngineOutput | None = None
+        self._finished = False
+
+    def take(self, delta: EngineOutput) -> None:
+        self._finished = delta.finished
+        held = self._held = merge_outputs(self._held, delta)
+        if held.text or self._finished:
+            self._runtime._send(self._entry, held, None, self._finished)
+            self._held = None
+
+    def close(self) -> None:
+        if self._held is not None:  # the engine stopped mid-character: flush, close
+            self._runtime._send(self._entry, self._held, None, True)
+        elif not self._finished:  # the engine stopped without a final delta: close
+            self._runtime._send(self._entry, None, None, True)
+
+
+class _Aggregated:
+    """A non-streamed request: one response with the whole generation (the prompt
+    first, when echoed)."""
+
+    __slots__ = ("_entry", "_generation", "_runtime")
+
+    def __init__(self, runtime: Runtime, entry: _Inflight) -> None:
+        self._runtime, self._entry = runtime, entry
+        self._generation = Generation()
+
+    def take(self, delta: EngineOutput) -> None:
+        self._generation.add(delta)
+
+    def close(self) -> None:
+        self._runtime._send(self._entry, self._generation.as_output(), None, True)

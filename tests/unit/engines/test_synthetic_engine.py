@@ -298,6 +298,37 @@ def test_a_consumer_that_goes_away_frees_its_slot() -> None:
     assert len(token_ids(after)) == 3 and e.stats().running == 0
 
 
+def test_pushed_outputs_equal_the_iterated_ones_and_a_sink_that_stops_frees_its_slot() -> None:
+    """``push`` (what the runtime uses) hands each step's delta to the sink as it is
+    made: the same deltas as ``generate``; a sink returning False ends the request."""
+    e = engine(max_num_seqs=1, step_ms=1, output_length={"dist": "fixed", "value": 12})
+
+    async def body() -> tuple[list[EngineOutput], list[EngineOutput], list[EngineOutput]]:
+        prompt = PreparedPrompt(tuple(e.tokenize(PROMPT, True)))
+        pushed: list[EngineOutput] = []
+
+        def keep(output: EngineOutput) -> bool:
+            pushed.append(output)
+            return True
+
+        await e.push("a", prompt, SamplingParams(seed=5), keep)
+        iterated = await collect(e, request_id="b", seed=5)
+        stopped: list[EngineOutput] = []
+
+        def first_only(output: EngineOutput) -> bool:
+            stopped.append(output)
+            return False
+
+        await e.push("c", prompt, SamplingParams(max_tokens=1000), first_only)
+        after = await collect(e, request_id="d", max_tokens=3)  # the one slot is free again
+        return pushed, iterated, stopped + after
+
+    pushed, iterated, stopped = run(e, body)
+    assert pushed == iterated and pushed[-1].finished and len(pushed) == 12
+    assert len(stopped) == 4 and not stopped[0].finished and stopped[-1].finished
+    assert e.stats().running == 0
+
+
 # --- through the runtime: metrics ----------------------------------------------------
 
 
