@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
+from tritonforge.engines.config import resolve_path  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
 from tritonforge.paths import new_run_dir  # noqa: E402
 
@@ -131,8 +132,9 @@ def main() -> None:
     opts = parser.parse_args()
     configs = {c.split("=", 1)[0]: json.loads(c.split("=", 1)[1]) for c in opts.config}
     env = server_environment()
-    shipped = json.loads((MODEL_REPOSITORY / "llamacpp_model/1/model.json").read_text())
-    shipped["model_path"] = env["TRITONFORGE_GGUF"]
+    version_dir = MODEL_REPOSITORY / "llamacpp_model/1"
+    shipped = json.loads((version_dir / "model.json").read_text())
+    shipped["model_path"] = resolve_path(shipped["model_path"], version_dir, env)
     model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
     record: dict = {"environment": capture(model_dir).model_dump(), "configs": configs}
     record["shipped"] = shipped
