@@ -13,7 +13,7 @@ import abc
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
@@ -256,10 +256,14 @@ class Engine(TokenLimits):
         wake-up (with hundreds of sequences a step, those wake-ups were the largest
         share of the event loop's time per token).
         """
-        async with contextlib.aclosing(self.generate(request_id, prompt, sampling)) as deltas:
+        deltas = self.generate(request_id, prompt, sampling)
+        try:
             async for delta in deltas:
                 if not sink(delta):
                     return
+        finally:  # a consumer done early: the engine's generator lets go of the request now
+            if isinstance(deltas, AsyncGenerator):
+                await deltas.aclose()
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:
