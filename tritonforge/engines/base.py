@@ -456,6 +456,56 @@ class Mailbox(Generic[Item]):
                 drained.set_result(None)
 
 
+class MailboxStreams(Generic[Handle]):
+    """:meth:`Engine.generate` and :meth:`Engine.push` for an engine whose outputs reach
+    each request through a :class:`Mailbox` on the event loop (deltas, or an exception
+    that ends the request), mixed in before the engine's base class.
+
+    The engine says how a request is queued (``_submit``: its handle and mailbox) and
+    where handles are tracked (``_tracker``); a request is tracked for as long as its
+    consumer reads, however that ends.
+    """
+
+    def _submit(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> tuple[Handle, Mailbox[EngineOutput | BaseException]]:
+        raise NotImplementedError
+
+    def _tracker(self) -> RequestTracker[Handle]:
+        raise NotImplementedError
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        handle, outputs = self._submit(request_id, prompt, sampling)
+        with self._tracker().track(request_id, handle):
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+
+    async def push(
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingParams,
+        sink: OutputSink,
+    ) -> None:
+        """Each delta goes to ``sink`` from the mailbox as it is put (see Engine.push)."""
+
+        def take(item: EngineOutput | BaseException) -> bool:
+            if isinstance(item, BaseException):
+                raise item
+            return sink(item) and not item.finished
+
+        handle, outputs = self._submit(request_id, prompt, sampling)
+        with self._tracker().track(request_id, handle):
+            await outputs.drain(take)
+
+
 class RequestTracker(Generic[Handle]):
     """The engine's handle of every request being generated, by request id.
 

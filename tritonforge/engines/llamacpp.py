@@ -62,7 +62,7 @@ import ctypes
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -80,7 +80,7 @@ from tritonforge.engines.base import (
     EngineOutput,
     EngineStats,
     Mailbox,
-    OutputSink,
+    MailboxStreams,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -361,7 +361,7 @@ class _Context:
 # --- the engine -----------------------------------------------------------------------
 
 
-class LlamaCppEngine(Engine):
+class LlamaCppEngine(MailboxStreams[_Job], Engine):
     metric_prefix = "llamacpp"
     config_file = ConfigFile("model.json", path_keys=("model_path",))
     priority_unsupported = None  # the waiting line is kept in priority order (_enqueue)
@@ -570,36 +570,8 @@ class LlamaCppEngine(Engine):
 
     # --- requests ------------------------------------------------------------------
 
-    async def generate(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
-    ) -> AsyncIterator[EngineOutput]:
-        job, outputs = self._submit(request_id, prompt, sampling)
-        with self._jobs.track(request_id, job):
-            while True:
-                item = await outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
-
-    async def push(
-        self,
-        request_id: str,
-        prompt: PreparedPrompt,
-        sampling: SamplingParams,
-        sink: OutputSink,
-    ) -> None:
-        """Each delta the worker delivers goes straight to ``sink`` (see Engine.push)."""
-
-        def take(item: EngineOutput | BaseException) -> bool:
-            if isinstance(item, BaseException):
-                raise item
-            return sink(item) and not item.finished
-
-        job, outputs = self._submit(request_id, prompt, sampling)
-        with self._jobs.track(request_id, job):
-            await outputs.drain(take)
+    def _tracker(self) -> RequestTracker[_Job]:
+        return self._jobs
 
     def _submit(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams

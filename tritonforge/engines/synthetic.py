@@ -33,7 +33,6 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +46,7 @@ from tritonforge.engines.base import (
     EngineStats,
     HFTokenizedEngine,
     Mailbox,
-    OutputSink,
+    MailboxStreams,
     PositionLogprobs,
     PreparedPrompt,
     RequestTracker,
@@ -197,7 +196,7 @@ class SyntheticSequence:
     rng: random.Random
     logprob_rng: random.Random
     length: int  # tokens to generate, the last one EOS (unless max_tokens comes first)
-    outputs: Mailbox[EngineOutput] = field(default_factory=Mailbox)
+    outputs: Mailbox[EngineOutput | BaseException] = field(default_factory=Mailbox)
     done: bool = False  # finished, aborted or released: the scheduler drops it
 
     def finish(self, output: EngineOutput) -> None:
@@ -207,7 +206,7 @@ class SyntheticSequence:
             self.outputs.put(output)
 
 
-class SyntheticEngine(HFTokenizedEngine):
+class SyntheticEngine(MailboxStreams[SyntheticSequence], HFTokenizedEngine):
     """The scheduler (one asyncio task on the runtime's loop) and the request generators.
 
     Metrics carry vLLM's prefix: the engine stands in for a vLLM-like server.
@@ -291,36 +290,17 @@ class SyntheticEngine(HFTokenizedEngine):
             request_id, len(prompt.token_ids), decoding, rng, logprob_rng, length
         )
 
-    async def generate(
+    def _submit(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
-    ) -> AsyncIterator[EngineOutput]:
-        sequence = self._enqueue(request_id, prompt, sampling)
-        with self._requests.track(request_id, sequence):
-            while True:
-                output = await sequence.outputs.get()
-                yield output
-                if output.finished:
-                    return
-
-    async def push(
-        self,
-        request_id: str,
-        prompt: PreparedPrompt,
-        sampling: SamplingParams,
-        sink: OutputSink,
-    ) -> None:
-        """Each step hands the sequence's delta straight to ``sink`` (see Engine.push)."""
-        sequence = self._enqueue(request_id, prompt, sampling)
-        with self._requests.track(request_id, sequence):
-            await sequence.outputs.drain(lambda output: sink(output) and not output.finished)
-
-    def _enqueue(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
-    ) -> SyntheticSequence:
+    ) -> tuple[SyntheticSequence, Mailbox[EngineOutput | BaseException]]:
+        """Into the waiting line; each step delivers the sequence's delta to its mailbox."""
         sequence = self._sequence(request_id, prompt, sampling)
         self._waiting.append(sequence)
         self._work.set()
-        return sequence
+        return sequence, sequence.outputs
+
+    def _tracker(self) -> RequestTracker[SyntheticSequence]:
+        return self._requests
 
     def _release(self, sequence: SyntheticSequence) -> None:
         """The request's generator ended (finished, or its consumer is gone): drop it."""
