@@ -8,9 +8,9 @@ request's outbox (outbox.py) keeps its responses in order and coalesces the delt
 that arrive while one is on its way.
 
 Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serve`` on
-the loop (prepare prompt, iterate engine deltas, stream or aggregate) → its outbox →
-responses on a response thread → one record for the metrics. A cancelled client request is
-noticed by a periodic poll and aborted in the engine, which ends its iterator. A
+the loop (prepare prompt, take each delta the engine pushes, stream or aggregate) → its
+outbox → responses on a response thread → one record for the metrics. A cancelled client
+request is noticed by a periodic poll and aborted in the engine, which ends its deltas. A
 request past its deadline (``timeout_s``, or Triton's request ``timeout``) is aborted
 too and answered with :class:`~tritonforge.serving.errors.DeadlineExceeded`.
 
