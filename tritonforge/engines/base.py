@@ -456,23 +456,25 @@ class Mailbox(Generic[Item]):
                 drained.set_result(None)
 
 
-class MailboxStreams(Generic[Handle]):
+class MailboxStreams(Engine, Generic[Handle]):
     """:meth:`Engine.generate` and :meth:`Engine.push` for an engine whose outputs reach
     each request through a :class:`Mailbox` on the event loop (deltas, or an exception
-    that ends the request), mixed in before the engine's base class.
+    that ends the request); listed before another Engine base when there is one.
 
     The engine says how a request is queued (``_submit``: its handle and mailbox) and
     where handles are tracked (``_tracker``); a request is tracked for as long as its
     consumer reads, however that ends.
     """
 
+    @abc.abstractmethod
     def _submit(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> tuple[Handle, Mailbox[EngineOutput | BaseException]]:
-        raise NotImplementedError
+        """Queue the request; its handle and the mailbox its outputs arrive in."""
 
+    @abc.abstractmethod
     def _tracker(self) -> RequestTracker[Handle]:
-        raise NotImplementedError
+        """Where the engine keeps the handles of the requests being generated."""
 
     async def generate(
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams

@@ -76,7 +76,6 @@ from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from tritonforge.engines.base import (
     ConfigFile,
-    Engine,
     EngineOutput,
     EngineStats,
     Mailbox,
@@ -361,7 +360,7 @@ class _Context:
 # --- the engine -----------------------------------------------------------------------
 
 
-class LlamaCppEngine(MailboxStreams[_Job], Engine):
+class LlamaCppEngine(MailboxStreams[_Job]):
     metric_prefix = "llamacpp"
     config_file = ConfigFile("model.json", path_keys=("model_path",))
     priority_unsupported = None  # the waiting line is kept in priority order (_enqueue)

@@ -456,7 +456,8 @@ class Runtime:
         """
         if self._failure is not None:  # failed between submit() and now
             raise self._failure_error()
-        taker = _Streamed(self, entry) if request.stream else _Aggregated(self, entry)
+        send = functools.partial(self._send, entry)
+        taker = _Streamed(send) if request.stream else _Aggregated(send)
         admission = self.admission
 
         def take(delta: EngineOutput) -> bool:
@@ -632,6 +633,10 @@ class Runtime:
                         self._idle.notify_all()
 
 
+#: Sends one output (or none), an error (or none), and whether it is the FINAL.
+_Send = Callable[[EngineOutput | None, BaseException | None, bool], None]
+
+
 class _Streamed:
     """A streamed request's deltas into responses: one per delta that completes text
     (fewer when coalesced), the FINAL last.
@@ -642,10 +647,10 @@ class _Streamed:
     ensemble's postprocessing) then streams exact text without keeping per-request state.
     """
 
-    __slots__ = ("_entry", "_finished", "_held", "_runtime")
+    __slots__ = ("_finished", "_held", "_send")
 
-    def __init__(self, runtime: Runtime, entry: _Inflight) -> None:
-        self._runtime, self._entry = runtime, entry
+    def __init__(self, send: _Send) -> None:
+        self._send = send
         self._held: EngineOutput | None = None
         self._finished = False
 
@@ -653,28 +658,28 @@ class _Streamed:
         self._finished = delta.finished
         held = self._held = merge_outputs(self._held, delta)
         if held.text or self._finished:
-            self._runtime._send(self._entry, held, None, self._finished)
+            self._send(held, None, self._finished)
             self._held = None
 
     def close(self) -> None:
         if self._held is not None:  # the engine stopped mid-character: flush, close
-            self._runtime._send(self._entry, self._held, None, True)
+            self._send(self._held, None, True)
         elif not self._finished:  # the engine stopped without a final delta: close
-            self._runtime._send(self._entry, None, None, True)
+            self._send(None, None, True)
 
 
 class _Aggregated:
     """A non-streamed request: one response with the whole generation (the prompt
     first, when echoed)."""
 
-    __slots__ = ("_entry", "_generation", "_runtime")
+    __slots__ = ("_generation", "_send")
 
-    def __init__(self, runtime: Runtime, entry: _Inflight) -> None:
-        self._runtime, self._entry = runtime, entry
+    def __init__(self, send: _Send) -> None:
+        self._send = send
         self._generation = Generation()
 
     def take(self, delta: EngineOutput) -> None:
         self._generation.add(delta)
 
     def close(self) -> None:
-        self._runtime._send(self._entry, self._generation.as_output(), None, True)
+        self._send(self._generation.as_output(), None, True)
