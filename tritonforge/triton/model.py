@@ -63,40 +63,53 @@ def triton_error(exc: BaseException) -> Any:
 
 
 class TensorCache:
-    """Triton tensors of one-element outputs whose values recur, kept per response thread.
+    """Triton tensors of one-element outputs whose values recur, shared by the response threads.
 
     Building a ``pb_utils.Tensor`` is most of what a streamed response costs the stub
     (dtype resolution, BYTES serialisation, a shared-memory block allocated, copied and
     freed again), and most responses repeat a value already sent: a count of 1 token, a
-    common token's text. python_backend writes a tensor to shared memory once and sends
-    that block again on every later send, so a tensor built once can go out many times.
-    It is only ever sent from the thread that built it: its first write to shared memory
-    happens outside the GIL and must not race another thread's send of the same tensor.
-    Each thread keeps at most ``limit`` tensors (then starts over): a bounded amount of
-    the stub's shared memory.
+    common token's text. python_backend writes a tensor to shared memory on its first
+    send and sends that block again on every later one, so a tensor built once can go
+    out many times, from any thread. Only that first write is unsafe to share (it runs
+    outside the GIL): a new tensor is used by the thread that built it until its first
+    send returns (:meth:`keep`), and only then joins the shared cache.
+
+    One cache for all threads, not one each: every thread finds the tensors the others
+    built. Past ``limit`` entries the oldest leave first, so a long tail of rare texts
+    never empties it of the common ones; reading takes no lock. An entry holds a few
+    hundred bytes of the stub's shared memory.
     """
 
-    def __init__(self, limit: int = 1024) -> None:
+    def __init__(self, limit: int = 8192) -> None:
         self.limit = limit
-        self._local = threading.local()
+        self._shared: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()  # taken to add and evict, never to read
 
-    def tensors(self, arrays: dict[str, npt.NDArray[Any]]) -> list[Any]:
-        cache: dict[tuple[str, str, Any], Any] | None = getattr(self._local, "cache", None)
-        if cache is None:
-            cache = self._local.cache = {}
+    def tensors(self, arrays: dict[str, npt.NDArray[Any]]) -> tuple[list[Any], list[Any]]:
+        """The tensors for ``arrays``, and the new recurring ones to :meth:`keep` once sent."""
+        shared = self._shared
         out = []
+        fresh = []
         for name, array in arrays.items():
             key = _recurring(name, array)
-            if key is None:
-                out.append(pb_utils.Tensor(name, array))
-                continue
-            tensor = cache.get(key)
+            tensor = None if key is None else shared.get(key)
             if tensor is None:
-                if len(cache) >= self.limit:
-                    cache.clear()
-                tensor = cache[key] = pb_utils.Tensor(name, array)
+                tensor = pb_utils.Tensor(name, array)
+                if key is not None:
+                    fresh.append((key, tensor))
             out.append(tensor)
-        return out
+        return out, fresh
+
+    def keep(self, fresh: list[Any]) -> None:
+        """Share tensors whose first send returned (their shared memory is written)."""
+        if not fresh:
+            return
+        with self._lock:
+            shared = self._shared
+            for key, tensor in fresh:
+                shared[key] = tensor
+            while len(shared) > self.limit:
+                del shared[next(iter(shared))]
 
 
 #: Longest text worth caching: a token or two, a finish reason.
@@ -156,15 +169,19 @@ class TritonChannel:
             # Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
             self._sender.send(flags=flags)
             return
+        fresh: list[Any] = []
         if error is not None:
             response = pb_utils.InferenceResponse(error=triton_error(error))
         elif tensors is not None:
-            response = pb_utils.InferenceResponse(output_tensors=self._cache.tensors(tensors))
+            outputs, fresh = self._cache.tensors(tensors)
+            response = pb_utils.InferenceResponse(output_tensors=outputs)
         else:
             self._sender.send(flags=flags)
             return
         try:
             self._sender.send(response, flags=flags)
+            if fresh:
+                self._cache.keep(fresh)
         except Exception:
             if final:  # the response could not go out: the FINAL flag still must
                 with contextlib.suppress(Exception):
