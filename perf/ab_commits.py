@@ -33,7 +33,9 @@ def git(*args: str) -> str:
 
 
 def newest_run(results: Path, name: str) -> Path:
-    return max((results / name).iterdir(), key=lambda path: path.name)
+    """The latest run directory of contract ``name`` (other entries beside them skipped)."""
+    runs = [path for path in (results / name).iterdir() if (path / "results.json").is_file()]
+    return max(runs, key=lambda path: path.name)
 
 
 def summary_row(commit: str, round_index: int, run: Path) -> list[dict]:
