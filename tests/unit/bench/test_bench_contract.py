@@ -25,6 +25,7 @@ CEILING_CONTRACTS = {
     "serving-ceiling-per-response.yaml",
     "response-threads.yaml",
     "serving-path-ab.yaml",
+    "serving-path-decomposition.yaml",
 }
 
 
