@@ -1,9 +1,18 @@
-"""The Python-backend floor: ``max_tokens`` one-token responses from a thread per request.
+"""The Python-backend floor: ``max_tokens`` one-token responses, Triton's own API alone.
 
-Deliberately nothing but Triton's own API: no parsing beyond ``max_tokens``, no queue,
-no event loop. The tensors of a token response are built once and reused.
+Deliberately nothing but Triton's own API: no parsing beyond ``max_tokens``, no event
+loop. By default each request gets a thread that sends its responses, reusing two
+tensors built once. Two parameters change one thing each, so that a run can split the
+runtime's cost per response into its parts:
+
+* ``sender_threads`` N > 0: a pool of N threads shared by all requests sends instead —
+  the runtime's shape (its ``response_threads``). Requests wait in one queue; a thread
+  takes the next, sends it one token and puts it back at the end, so the requests
+  interleave the way the runtime's do.
+* ``build_tensors`` ``"true"``: each response's tensors are built anew, not reused.
 """
 
+import collections
 import json
 import threading
 
@@ -20,15 +29,50 @@ def _max_tokens(request) -> int:
     return int(json.loads(tensor.as_numpy().reshape(-1)[0]).get("max_tokens", 16))
 
 
-def _stream(sender, count: int) -> None:
-    text = pb_utils.Tensor("text_output", np.array([b" tok"], dtype=np.object_))
-    one = pb_utils.Tensor("num_output_tokens", np.array([1], dtype=np.uint32))
-    for i in range(count):
-        response = pb_utils.InferenceResponse(output_tensors=[text, one])
-        sender.send(response, flags=FINAL if i == count - 1 else 0)
+def _token_tensors() -> list:
+    return [
+        pb_utils.Tensor("text_output", np.array([b" tok"], dtype=np.object_)),
+        pb_utils.Tensor("num_output_tokens", np.array([1], dtype=np.uint32)),
+    ]
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+
+        def parameter(key: str, default: str) -> str:
+            return parameters.get(key, {}).get("string_value", default)
+
+        self.build = parameter("build_tensors", "false").lower() == "true"
+        self.pooled = int(parameter("sender_threads", "0")) > 0
+        self.ready = threading.Condition()
+        self.waiting = collections.deque()  # (sender, tokens left), for the pool
+        for index in range(int(parameter("sender_threads", "0"))):
+            threading.Thread(target=self._pool_sender, name=f"sender-{index}", daemon=True).start()
+
+    def _tensors(self, reused: list) -> list:
+        return _token_tensors() if self.build else reused
+
+    def _stream(self, sender, count: int) -> None:
+        """A thread of one request: all its responses."""
+        reused = _token_tensors()
+        for i in range(count):
+            response = pb_utils.InferenceResponse(output_tensors=self._tensors(reused))
+            sender.send(response, flags=FINAL if i == count - 1 else 0)
+
+    def _pool_sender(self) -> None:
+        """A thread of the pool: one token of the next waiting request at a time."""
+        reused = _token_tensors()
+        while True:
+            with self.ready:
+                self.ready.wait_for(lambda: self.waiting)
+                sender, left = self.waiting.popleft()
+            response = pb_utils.InferenceResponse(output_tensors=self._tensors(reused))
+            sender.send(response, flags=FINAL if left == 1 else 0)
+            if left > 1:
+                with self.ready:
+                    self.waiting.append((sender, left - 1))
+
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
@@ -38,5 +82,10 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(f"sampling_parameters: {exc}")
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
-            threading.Thread(target=_stream, args=(sender, count), daemon=True).start()
+            if not self.pooled:
+                threading.Thread(target=self._stream, args=(sender, count), daemon=True).start()
+                continue
+            with self.ready:
+                self.waiting.append((sender, count))
+                self.ready.notify()
         return None
