@@ -100,6 +100,15 @@ class TensorCache:
             out.append(tensor)
         return out, fresh
 
+    def clear(self) -> None:
+        """Free every cached tensor, while the stub can still free shared memory.
+
+        Called from ``finalize``: a tensor left for the interpreter's exit is freed after
+        python_backend has torn its shared memory down, and the stub segfaults.
+        """
+        with self._lock:
+            self._shared = {}
+
     def keep(self, fresh: list[Any]) -> None:
         """Share tensors whose first send returned (their shared memory is written)."""
         if not fresh:
@@ -143,10 +152,10 @@ class TritonChannel:
     """
 
     _board = CancelBoard()  # Triton 2.51 workaround W1
-    _cache = TensorCache()
 
-    def __init__(self, sender: Any, request_id: str = "") -> None:
+    def __init__(self, sender: Any, cache: TensorCache, request_id: str = "") -> None:
         self._sender = sender
+        self._cache = cache
         self._request_id = request_id
         self._closed = False
 
@@ -258,6 +267,7 @@ class LLMModel:
         self.restart_policy = RestartPolicy.from_parameters(parameters)
         self.restarts = RestartLedger(self.model_name)
         self._restart_cause: str | None = None
+        self.tensor_cache = TensorCache()
         self.metrics = TritonMetrics(pb_utils, engine.metric_prefix, labels)
         self.metrics.count_restarts(self.restarts.total())  # carried over from old stubs
         self.defaults = model_defaults(parameters)  # default_slo_ttft_ms, …: checked at load
@@ -348,7 +358,9 @@ class LLMModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            channel = TritonChannel(request.get_response_sender(), request.request_id())
+            channel = TritonChannel(
+                request.get_response_sender(), self.tensor_cache, request.request_id()
+            )
             try:
                 raw = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 control = parse_control(raw)
@@ -368,7 +380,8 @@ class LLMModel:
         return None
 
     def finalize(self) -> None:
-        self.runtime.stop()  # the response threads are done: nothing records any more
+        self.runtime.stop()  # the response threads are done: nothing records or sends any more
+        self.tensor_cache.clear()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
         self.metrics.close()  # Triton 2.51 workaround W5, see docs/triton-2.51-workarounds.md
         if self.admission_metrics is not None:
             self.admission_metrics.close()

@@ -84,3 +84,12 @@ def test_the_oldest_entries_leave_past_the_limit(edge) -> None:
     assert len(cache._shared) == 4
     assert _sent(cache, {"num_output_tokens": np.array([5], dtype=np.uint32)})[0] is built[5][0]
     assert _sent(cache, {"num_output_tokens": np.array([0], dtype=np.uint32)})[0] is not built[0][0]
+
+
+def test_clear_lets_go_of_every_tensor(edge) -> None:
+    """finalize empties it: a tensor freed at the interpreter's exit crashes the stub."""
+    cache = edge.TensorCache()
+    first = _sent(cache, _outputs(b" the", 1))
+    cache.clear()
+    assert cache._shared == {}
+    assert _sent(cache, _outputs(b" the", 1))[0] is not first[0]
