@@ -115,7 +115,9 @@ def test_requests_without_an_slo_are_untouched(server: TritonServer) -> None:
 
 def test_a_high_priority_request_behind_a_queue_starts_first(server: TritonServer) -> None:
     """Two long requests fill both sequences; then a low-priority request arrives, then a
-    high-priority one: vLLM's priority scheduler starts the high one first."""
+    high-priority one: when the first slot frees, vLLM's priority scheduler starts the high
+    one. The holds differ in length, so one slot frees at a time: two freed in the same
+    step would start both waiting requests together and leave their order to chance."""
     first_token: dict[str, float] = {}
 
     def run(name: str, sampling: dict) -> None:
@@ -125,9 +127,11 @@ def test_a_high_priority_request_behind_a_queue_starts_first(server: TritonServe
         answer = stream(server.grpc_url, MODEL, llm_inputs("Count", sampling), on_response=seen)
         assert answer.error is None, answer.error
 
-    long = {"max_tokens": 64, "ignore_eos": True}
+    holds = [{"max_tokens": 64, "ignore_eos": True}, {"max_tokens": 160, "ignore_eos": True}]
     short = {"max_tokens": 4, "ignore_eos": True}
-    threads = [threading.Thread(target=run, args=(f"hold{i}", long)) for i in range(2)]
+    threads = [
+        threading.Thread(target=run, args=(f"hold{i}", hold)) for i, hold in enumerate(holds)
+    ]
     for thread in threads:
         thread.start()
     time.sleep(1.0)  # both holds are running
