@@ -111,8 +111,6 @@ class TensorCache:
 
     def keep(self, fresh: list[Any]) -> None:
         """Share tensors whose first send returned (their shared memory is written)."""
-        if not fresh:
-            return
         with self._lock:
             shared = self._shared
             for key, tensor in fresh:

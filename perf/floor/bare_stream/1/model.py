@@ -44,10 +44,11 @@ class TritonPythonModel:
             return parameters.get(key, {}).get("string_value", default)
 
         self.build = parameter("build_tensors", "false").lower() == "true"
-        self.pooled = int(parameter("sender_threads", "0")) > 0
+        threads = int(parameter("sender_threads", "0"))
+        self.pooled = threads > 0
         self.ready = threading.Condition()
         self.waiting = collections.deque()  # (sender, tokens left), for the pool
-        for index in range(int(parameter("sender_threads", "0"))):
+        for index in range(threads):
             threading.Thread(target=self._pool_sender, name=f"sender-{index}", daemon=True).start()
 
     def _tensors(self, reused: list) -> list:
