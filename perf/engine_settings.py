@@ -87,6 +87,11 @@ print("RESULT" + json.dumps(out), flush=True)
 """
 
 
+def _shown(path: Path) -> str:
+    """A path as results record it: relative to the clone when inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def parse_candidate(text: str) -> tuple[str, dict[str, str]]:
     """``name:key=value,...`` → (name, {key: value}); unknown keys are refused by name."""
     name, _, body = text.partition(":")
@@ -131,6 +136,7 @@ def run_candidate(settings: dict, fields: dict[str, str], spec: dict, env: dict)
 
 def main() -> None:
     from tritonforge.bench.environment import capture
+    from tritonforge.engines.base import CHAT_TEMPLATE_KEY
     from tritonforge.engines.config import load_engine_config, resolve_paths
     from tritonforge.launch.launcher import server_environment
     from tritonforge.paths import new_run_dir
@@ -149,10 +155,11 @@ def main() -> None:
     os.environ["TRITONFORGE_MODELS"] = env["TRITONFORGE_MODELS"]
     version_dir = REPO / "model_repository/vllm_model/1"
     settings = resolve_paths(load_engine_config(version_dir, "model.json"), version_dir, ("model",))
+    settings.pop(CHAT_TEMPLATE_KEY, None)  # the core's own key, not an engine argument
     out_dir = new_run_dir(opts.out)
     record = {
         "environment": capture(Path(settings["model"])).model_dump(),
-        "engine_settings": settings,
+        "engine_settings": {**settings, "model": _shown(Path(settings["model"]))},
         "candidates": dict(candidates),
         "rounds": [],
     }
