@@ -66,6 +66,7 @@ def one_request(url: str, prompt: str, tokens: int) -> dict:
     """Stream one request; its TTFT, end and token count as the client saw them."""
     body = {
         "text_input": prompt,
+        "stream": True,  # one response per delta: without it the first is the whole answer
         "exclude_input_in_output": True,
         "return_num_output_tokens": True,
         "parameters": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True},
