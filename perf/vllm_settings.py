@@ -14,6 +14,18 @@ rotated every round, concurrency levels in turn) every request streams exactly
         --with vllm_lora_model --target 'new@8/new@1>=4' --target 'new@8/old@8>=3' \\
         --target 'ttft:new@1/old@1<=1'
 
+A ``--code name=commit`` variant serves ``vllm_model`` with the serving code of an older
+commit instead (its ``tritonforge`` package, model directory and backend ``model.py``,
+imported in that model's own stub), so a change of the serving path is compared with the
+code before it against the same engine in one server:
+
+    VLLM_CPU_OMP_THREADS_BIND=0-1 .venv/bin/python perf/vllm_settings.py --rounds 3 \\
+        --concurrency 1,8 --variant 'new={}' --code 'old=58ba469' \\
+        --target 'new@8/old@8>=0.95' --target 'ttft:new@1/old@1<=1.05'
+
+(The binding is set for both in the server's environment: code that predates the
+per-host settings would otherwise leave vLLM's own.)
+
 Per round and level: output tokens/s (all tokens ÷ the level's wall time), TTFT p50,
 the foreign CPU share (tritonforge.bench.noise) and the CPU each server process used.
 A target ``a@C/b@C>=x`` is a ratio of tokens/s (``ttft:`` — of TTFT p50) per round,
@@ -25,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +74,33 @@ def build_repository(root: Path, variants: dict[str, dict], extra: list[str]) ->
         settings_file.write_text(json.dumps(settings, indent=2))
     for name in extra:
         shutil.copytree(MODEL_REPOSITORY / name, root / name)
+
+
+OLD_CODE_MODEL_PY = """
+import sys
+sys.path.insert(0, {tree!r})  # this commit's tritonforge, before the installed one
+{backend}
+"""
+
+
+def build_from_commit(root: Path, name: str, commit: str) -> None:
+    """``vllm_model`` as served at ``commit``: its package, model directory and backend."""
+    tree = root / f".code-{name}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", commit, "tritonforge", "backends/vllm", "model_repository/vllm_model"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    shutil.copytree(tree / "model_repository/vllm_model", root / name)
+    config = root / name / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "vllm"', 'backend: "python"'))
+    backend = (tree / "backends/vllm/model.py").read_text()
+    (root / name / "1" / "model.py").write_text(
+        OLD_CODE_MODEL_PY.format(tree=str(tree), backend=backend)
+    )
 
 
 def one_request(url: str, prompt: str, tokens: int) -> dict:
@@ -129,6 +170,9 @@ def measure(server: TritonServer, variants: list[str], opts) -> list[dict]:
         for level in opts.concurrency:
             shift = (index + opts.concurrency.index(level)) % len(variants)
             for variant in variants[shift:] + variants[:shift]:
+                # an engine that just ran keeps polling its queues for about a second
+                # (vLLM's shm_broadcast): let it stop before the next variant's level
+                time.sleep(opts.settle_s)
                 before = server_cpu(server)
                 with RoundWatch(quiet_window_s=2.0) as watch:
                     result = run_level(server, variant, level, opts, rng)
@@ -175,7 +219,10 @@ def judge_targets(rows: list[dict], targets: list[str], rounds: int, bound: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variant", action="append", required=True, help="name=JSON overrides")
+    parser.add_argument("--variant", action="append", default=[], help="name=JSON overrides")
+    parser.add_argument(
+        "--code", action="append", default=[], help="name=commit: vllm_model as served there"
+    )
     parser.add_argument("--with", dest="extra", action="append", default=[])
     parser.add_argument("--target", action="append", default=[])
     parser.add_argument("--rounds", type=int, default=3)
@@ -184,10 +231,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt-words", type=int, default=40)
     parser.add_argument("--max-foreign-cpu-share", type=float, default=0.10)
+    parser.add_argument("--settle-s", type=float, default=2.0, help="pause before each level")
     parser.add_argument("--ready-timeout-s", type=float, default=1800)
     parser.add_argument("--out", type=Path, default=REPO / "perf/results/vllm-settings")
     opts = parser.parse_args()
     variants = dict((v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in opts.variant)
+    commits = {
+        name: subprocess.run(
+            ["git", "rev-parse", "--short", commit],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        for name, _, commit in (c.partition("=") for c in opts.code)
+    }
     out_dir = new_run_dir(opts.out)
     env = server_environment()
     record: dict = {
@@ -195,12 +253,16 @@ def main() -> None:
             Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
         ).model_dump(),
         "variants": variants,
+        "code_variants": commits,
+        "omp_bind_env": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         "idle_models": opts.extra,
         "settings": {k: v for k, v in vars(opts).items() if k not in ("variant", "out")},
     }
     with tempfile.TemporaryDirectory(prefix="vllm-settings-") as tmp:
         build_repository(Path(tmp), variants, opts.extra)
-        models = [*variants, *opts.extra]
+        for name, commit in commits.items():
+            build_from_commit(Path(tmp), name, commit)
+        models = [*variants, *commits, *opts.extra]
         started = time.monotonic()
         server = TritonServer.on_free_ports(
             models=models, repository=Path(tmp), log_path=out_dir / "server.log"
@@ -209,7 +271,7 @@ def main() -> None:
         try:
             server.wait_ready(timeout_s=opts.ready_timeout_s)
             record["server_ready_s"] = round(time.monotonic() - started, 1)
-            for name in variants:  # warm-up: first requests pay one-off costs
+            for name in [*variants, *commits]:  # warm-up: first requests pay one-off costs
                 run_level(
                     server,
                     name,
@@ -217,7 +279,7 @@ def main() -> None:
                     argparse.Namespace(**{**vars(opts), "waves": 1}),
                     random.Random(99),
                 )
-            record["rows"] = measure(server, list(variants), opts)
+            record["rows"] = measure(server, [*variants, *commits], opts)
         finally:
             server.stop()
     record["targets"] = judge_targets(
