@@ -62,6 +62,14 @@ from tritonforge.bench.workload import random_words  # noqa: E402
 from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer, server_environment  # noqa: E402
 from tritonforge.paths import new_run_dir  # noqa: E402
 
+#: Environment variables that change what every engine in the server runs (binding, ISA caps).
+ENGINE_ENVIRONMENT = (
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+)
+
 TARGET = re.compile(r"^(ttft:)?(\w+)@(\d+)/(\w+)@(\d+)(>=|<=)([\d.]+)$")
 
 
@@ -254,7 +262,8 @@ def main() -> None:
         ).model_dump(),
         "variants": variants,
         "code_variants": commits,
-        "omp_bind_env": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        # settings the server inherits that change what the engines run
+        "environment_overrides": {k: os.environ[k] for k in ENGINE_ENVIRONMENT if k in os.environ},
         "idle_models": opts.extra,
         "settings": {k: v for k, v in vars(opts).items() if k not in ("variant", "out")},
     }
