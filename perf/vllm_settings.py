@@ -225,7 +225,7 @@ def judge_targets(rows: list[dict], targets: list[str], rounds: int, bound: floa
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variant", action="append", default=[], help="name=JSON overrides")
     parser.add_argument(
@@ -242,17 +242,25 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=2.0, help="pause before each level")
     parser.add_argument("--ready-timeout-s", type=float, default=1800)
     parser.add_argument("--out", type=Path, default=REPO / "perf/results/vllm-settings")
-    opts = parser.parse_args()
+    return parser.parse_args()
+
+
+def short_commit(commit: str) -> str:
+    """``commit`` (any name git knows) as its short hash, recorded with the results."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", commit],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def main() -> None:
+    opts = parse_args()
     variants = dict((v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in opts.variant)
     commits = {
-        name: subprocess.run(
-            ["git", "rev-parse", "--short", commit],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        for name, _, commit in (c.partition("=") for c in opts.code)
+        name: short_commit(commit) for name, _, commit in (c.partition("=") for c in opts.code)
     }
     out_dir = new_run_dir(opts.out)
     env = server_environment()
