@@ -9,13 +9,21 @@ one admitted into a queue it cannot leave in time is lost for everyone.
 :class:`LatencyPredictor` is calibrated online from the runtime's own timings (the
 engine's stats add the running batch it reports): prefill time as a line over the
 tokens to prefill (a fixed cost and a cost per token, fitted to exponentially weighted
-moments), and the decode step time as a line over the running batch size, fitted to an
-EWMA of the step at each size seen. For an arriving request with ``prompt``
-tokens, ``ahead`` tokens of prefill still queued before it and ``batch`` requests
-running:
+moments, each point weighted by 1 / TTFT² so the fit minimises the relative error the
+contract judges), and the decode step time as a line over the running batch size, fitted
+to an EWMA of the step at each size seen. For an arriving request with ``prompt``
+tokens, ``ahead`` tokens of prefill still queued before it, ``batch`` requests running
+and ``elapsed`` seconds since the engine's last step ended:
 
-* predicted TTFT = fixed + (ahead + prompt) * per token + step(batch + 1)
+* predicted TTFT = max(fixed + (ahead + prompt) * per token - elapsed, 0) + step(batch + 1)
 * predicted TPOT of everyone once it joins = step(batch + 1)
+
+``elapsed`` is the part of the step in progress that has already run: a request
+arriving late in a long step waits that much less for the engine to take it. The line
+is fitted on TTFT + elapsed, the time from the step's start, so arrival phase is not
+noise in it. Replaying the vLLM timeline recorded at saturation
+(tests/unit/serving/data/vllm_timeline_4rps.json) the median error after 100 requests
+is 0.125 with both, 0.153 with neither (elapsed alone 0.152, the weights alone 0.176).
 
 :class:`Admission` applies the rule: a request with an SLO is refused when its
 predicted TTFT exceeds ``slo_ttft_ms`` less the margin, or when the step after it joins
@@ -62,6 +70,9 @@ MAX_PENDING_ERRORS = 4096
 RATIO_WINDOW = 256
 #: How many times more slowly the prefill line's moments forget than the step EWMAs.
 LINE_SLOWER = 4
+#: Longest time since the engine's last step counted as that step's elapsed part: past
+#: it the engine is stalled or in one long prefill, and how much of it is left is unknown.
+MAX_STEP_ELAPSED_S = 1.0
 
 
 class SloUnattainable(EngineBusy):
@@ -166,19 +177,25 @@ class LatencyPredictor:
     samples: int = 0
     #: Steps observed at each batch size (weighted as in :meth:`observe_step`).
     _step_weight: dict[int, float] = field(default_factory=dict)
-    #: Weighted means of tokens x, prefill seconds y, x * x and x * y.
+    #: EWMAs of the point weight w and of w times tokens x, prefill seconds y, x * x, x * y.
     _moments: tuple[float, ...] | None = None
 
-    def observe_first_token(self, work_tokens: int, ttft_s: float, batch: int) -> None:
+    def observe_first_token(
+        self, work_tokens: int, ttft_s: float, batch: int, elapsed_s: float = 0.0
+    ) -> None:
         """A request's first token came ``ttft_s`` after arrival with ``work_tokens`` of
-        prefill (its own and what was queued before it) and ``batch`` running beside it."""
+        prefill (its own and what was queued before it), ``batch`` running beside it, and
+        ``elapsed_s`` of the engine's step in progress already run when it arrived."""
         x = float(max(work_tokens, 1))
-        y = max(ttft_s - (self.step(batch) or 0.0), 0.0)
-        point = (x, y, x * x, x * y)
+        y = max(ttft_s + elapsed_s - (self.step(batch) or 0.0), 0.0)
+        # relative error is what counts: a 0.1 s TTFT missed by 0.05 s weighs as much
+        # as a 1 s one missed by 0.5 s
+        w = 1.0 / max(ttft_s, 1e-3) ** 2
         old = self._moments
         if old is None and self.prefill_s_per_token is not None:  # a line given: start on it
             on_line = self.prefill_fixed_s + self.prefill_s_per_token * x
-            old = (x, on_line, x * x, x * on_line)
+            old = (w, w * x, w * on_line, w * x * x, w * x * on_line)
+        point = (w, w * x, w * y, w * x * x, w * x * y)
         # a line needs more points than a mean: its moments forget LINE_SLOWER times slower
         weight = self.alpha / LINE_SLOWER
         self._moments = (
@@ -186,7 +203,8 @@ class LatencyPredictor:
             if old is None
             else tuple(o + weight * (n - o) for o, n in zip(old, point, strict=True))
         )
-        mean_x, mean_y, mean_xx, mean_xy = self._moments
+        total, *sums = self._moments
+        mean_x, mean_y, mean_xx, mean_xy = (v / total for v in sums)
         spread = mean_xx - mean_x * mean_x
         slope = (mean_xy - mean_x * mean_y) / spread if spread > 1e-6 * mean_x * mean_x else -1.0
         fixed = mean_y - slope * mean_x
@@ -231,12 +249,13 @@ class LatencyPredictor:
         slope = max(covariance / spread, 0.0)  # a bigger batch never steps faster
         return max(mean_s + slope * (batch - mean_b), 0.0)
 
-    def ttft(self, work_tokens: int, batch: int) -> float | None:
-        """Predicted TTFT of a request with ``work_tokens`` of prefill to wait for."""
+    def ttft(self, work_tokens: int, batch: int, elapsed_s: float = 0.0) -> float | None:
+        """Predicted TTFT of a request with ``work_tokens`` of prefill to wait for,
+        arriving ``elapsed_s`` into the engine's step in progress."""
         if self.prefill_s_per_token is None:
             return None
         prefill = self.prefill_fixed_s + work_tokens * self.prefill_s_per_token
-        return prefill + (self.step(batch) or 0.0)
+        return max(prefill - elapsed_s, 0.0) + (self.step(batch) or 0.0)
 
 
 @dataclass
@@ -246,6 +265,7 @@ class _Tracked:
     prompt_tokens: int
     work_tokens: int  # its prompt and the prefill queued before it at arrival
     arrived: float
+    elapsed_s: float  # how long the engine's step in progress had run at arrival
     predicted_ttft_s: float | None
     slo_tpot_s: float | None
     last_token_at: float | None = None
@@ -300,14 +320,28 @@ class Admission:
         decoding = sum(1 for r in self._requests.values() if r.last_token_at is not None)
         return queued, max(decoding, self._engine_running())
 
+    def _step_elapsed(self, now: float) -> float:
+        """Seconds since the engine's last step ended, while requests decode (locked).
+
+        A step ends when the decoding requests get their tokens; with none decoding the
+        engine takes a new request at once, and nothing of a step is under way.
+        """
+        last = max(
+            (r.last_token_at for r in self._requests.values() if r.last_token_at is not None),
+            default=None,
+        )
+        return 0.0 if last is None else min(max(now - last, 0.0), MAX_STEP_ELAPSED_S)
+
     def admit(self, request_id: str, prompt_tokens: int, sampling: SamplingParams) -> None:
         """Register the request, or raise :class:`SloUnattainable` naming the prediction."""
         ttft_slo = _seconds(sampling.slo_ttft_ms)
         tpot_slo = _seconds(sampling.slo_tpot_ms)
         with self._lock:
+            now = self._clock()
             queued, batch = self._queued_and_batch()
             work = queued + prompt_tokens
-            predicted = self.predictor.ttft(work, batch + 1)
+            elapsed = self._step_elapsed(now)
+            predicted = self.predictor.ttft(work, batch + 1, elapsed)
             refusal = None
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
@@ -316,7 +350,7 @@ class Admission:
             self._decisions[decision] += 1
             if refusal is None:
                 self._requests[request_id] = _Tracked(
-                    prompt_tokens, work, self._clock(), predicted, tpot_slo
+                    prompt_tokens, work, now, elapsed, predicted, tpot_slo
                 )
                 return
         raise refusal
@@ -402,7 +436,9 @@ class Admission:
             _, batch = self._queued_and_batch()
             if tracked.last_token_at is None:
                 ttft = now - tracked.arrived
-                self.predictor.observe_first_token(tracked.work_tokens, ttft, max(batch, 1))
+                self.predictor.observe_first_token(
+                    tracked.work_tokens, ttft, max(batch, 1), tracked.elapsed_s
+                )
                 if tracked.predicted_ttft_s is not None and ttft > 0:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
@@ -441,7 +477,11 @@ class Admission:
         """Counters so far, the TTFT errors since the last call, the typical prediction."""
         with self._lock:
             queued, batch = self._queued_and_batch()
-            typical = self.predictor.ttft(queued + self.settings.typical_prompt_tokens, batch + 1)
+            typical = self.predictor.ttft(
+                queued + self.settings.typical_prompt_tokens,
+                batch + 1,
+                self._step_elapsed(self._clock()),
+            )
             errors, self._errors = self._errors, []
             return AdmissionSnapshot(dict(self._decisions), errors, typical)
 

@@ -9,6 +9,7 @@ what the predictor learns from a real engine; small hand-made timelines pin the 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from tritonforge.serving.admission import (
     ADMITTED,
     DECISIONS,
+    MAX_STEP_ELAPSED_S,
     NO_SLO,
     REFUSED_TPOT,
     REFUSED_TTFT,
@@ -100,10 +102,11 @@ def test_ttft_prediction_error_on_the_recorded_timeline_is_reported() -> None:
     The recorded timeline is a deeply overloaded two-core host (TTFT p50 29 s, decode
     steps of 0.3-4 s as other work came and went, TTFTs of 21-42 s whether 600 or 5,000
     prompt tokens were queued ahead): little here is predictable. The median error after
-    the first third was 0.60 with the step as a line over the batch size (0.32 with the
-    step looked up per size, which refused requests on quiet timelines that met their
-    SLO: see the tests below). The contract's 20 % target is judged by
-    perf/contracts/overload.yaml on a quiet host; this test holds the replay to 0.7.
+    the first third is 0.48 (0.60 before the prediction counted the step in progress and
+    weighted the line's points by relative error; 0.32 with the step looked up per size,
+    which refused requests on quiet timelines that met their SLO: see the tests below).
+    The contract's 20 % target is judged by perf/contracts/overload.yaml on a quiet host;
+    this test holds the replay to 0.7.
     """
     clock = Clock()
     admission = Admission(AdmissionSettings(mode="observe"), clock=clock)
@@ -143,6 +146,49 @@ def test_the_prefill_line_learns_a_fixed_cost_beside_the_cost_per_token() -> Non
     assert predictor.ttft(20, 1) == pytest.approx(0.05 + 0.02 + 0.1, rel=1e-6)
 
 
+def test_the_part_of_the_step_already_run_is_not_waited_for_again() -> None:
+    """First tokens timed from the start of the engine's step: a request that arrived
+    ``elapsed`` into it saw a TTFT that much shorter. The line is learnt from the step's
+    start, and a prediction takes off what has run of the step in progress."""
+    predictor = LatencyPredictor(alpha=0.2)
+    predictor.observe_step(1, 0.1)
+    for i in range(200):
+        tokens, elapsed = 20 + (i * 37) % 380, (i * 0.013) % 0.09
+        predictor.observe_first_token(tokens, 0.05 + 0.001 * tokens + 0.1 - elapsed, 1, elapsed)
+    assert predictor.prefill_fixed_s == pytest.approx(0.05, rel=1e-6)
+    assert predictor.prefill_s_per_token == pytest.approx(0.001, rel=1e-6)
+    assert predictor.ttft(100, 1, elapsed_s=0.04) == pytest.approx(0.15 - 0.04 + 0.1, rel=1e-6)
+    # more run than the prefill itself takes: the step alone is left
+    assert predictor.ttft(10, 1, elapsed_s=0.5) == pytest.approx(0.1)
+
+
+def test_admission_counts_the_time_since_the_last_step_while_requests_decode() -> None:
+    """The prediction a refusal names: 100 prompt tokens at 1 ms and a 50 ms step, less
+    what has run of the step in progress once a request decodes."""
+    clock = Clock()
+    admission = Admission(AdmissionSettings(mode="on", min_samples=1), clock=clock)
+    admission.predictor.prefill_s_per_token = 0.001
+    admission.predictor.step_s = {1: 0.05}
+    admission.predictor.samples = 10
+    urgent = SamplingParams(slo_ttft_ms=1)
+
+    def predicted_ms() -> str:
+        with pytest.raises(SloUnattainable) as refused:
+            admission.admit("urgent", 100, urgent)
+        return re.search(r"predicted TTFT (\d+) ms", str(refused.value)).group(1)
+
+    admission.admit("first", 100, SamplingParams())
+    # nothing decodes yet: the 100 tokens queued ahead count, no step is under way
+    assert predicted_ms() == "250"
+    clock.now = 0.15
+    admission.saw_tokens("first", 1)  # as predicted; a step ended and "first" decodes now
+    clock.now = 0.18
+    assert predicted_ms() == "120"  # 100 ms of prefill less the 30 ms run, then the step
+    clock.now = 5.0  # a stall: no more than MAX_STEP_ELAPSED_S counts as run
+    assert MAX_STEP_ELAPSED_S < 4.8
+    assert predicted_ms() == "50"
+
+
 def test_prompts_all_alike_give_a_cost_per_token_alone() -> None:
     predictor = LatencyPredictor(alpha=0.2)
     for _ in range(10):
@@ -153,14 +199,16 @@ def test_prompts_all_alike_give_a_cost_per_token_alone() -> None:
 
 def test_near_saturation_the_median_ttft_error_is_within_20_percent() -> None:
     """At the rate the overload contract calls saturation, TTFTs of 0.1-0.3 s: the
-    median error after the first 100 requests was 0.152 when recorded (a cost per
-    token alone, without the line's fixed cost: 0.170). The contract's target is 20 %."""
+    median error after the first 100 requests is 0.125. It was 0.153 before the
+    prediction took off the part of the step in progress already run and weighted the
+    line's points by relative error (each alone: 0.152 and 0.176), and 0.170 with a
+    cost per token alone, without the line's fixed cost. The contract's target is 20 %."""
     clock = Clock()
     admission = Admission(AdmissionSettings(mode="observe"), clock=clock)
     replay(json.loads(TIMELINE_AT_S.read_text())["requests"], admission, clock)
     errors = admission.snapshot().ttft_errors
     assert len(errors) > 200
-    assert statistics.median(errors[100:]) < 0.2
+    assert statistics.median(errors[100:]) < 0.15
 
 
 def test_at_saturation_requests_that_met_their_slo_are_not_refused() -> None:
