@@ -58,6 +58,12 @@ from tritonforge.serving.sampling import SamplingParams
 
 ABORTED = EngineOutput(finished=True, finish_reason="abort")
 
+#: Unpaced (no step time), steps run back to back for this long before the event loop
+#: takes its turn (arrivals, aborts, consumers): a loop turn costs more than a token, and
+#: with the few sequences running at once under a fast consumer it would otherwise be
+#: paid every step.
+UNPACED_BURST_S = 0.001
+
 
 class SyntheticSettings(BaseModel):
     """``model.json`` of a synthetic model; unknown keys are errors (a typo changes nothing)."""
@@ -330,9 +336,10 @@ class SyntheticEngine(MailboxStreams[SyntheticSequence], HFTokenizedEngine):
                 # late step does not make the next ones catch up in a burst.
                 next_step = max(next_step, time.monotonic() - pause) + pause
                 await asyncio.sleep(next_step - time.monotonic())
+                self._step()
             else:
-                await asyncio.sleep(0)  # unpaced: let the consumers run, then step again
-            self._step()
+                self._burst(prefill_s)
+                await asyncio.sleep(0)  # let arrivals, aborts and consumers in
 
     def _admit(self) -> int:
         """Move waiting sequences into free running slots; their prompt tokens to prefill."""
@@ -344,6 +351,18 @@ class SyntheticEngine(MailboxStreams[SyntheticSequence], HFTokenizedEngine):
                 self._running.append(sequence)
                 prompt_tokens += sequence.prompt_tokens
         return prompt_tokens
+
+    def _burst(self, prefill_s: float) -> None:
+        """Unpaced: steps back to back for up to :data:`UNPACED_BURST_S`, admitting the
+        sequences already waiting as slots free up (unless their prefill takes time:
+        the scheduler's loop pauses for it)."""
+        until = time.monotonic() + UNPACED_BURST_S
+        self._step()
+        while self._running and time.monotonic() < until:
+            if self._waiting and prefill_s > 0:
+                return
+            self._admit()
+            self._step()
 
     def _step(self) -> None:
         for sequence in self._running:

@@ -266,6 +266,61 @@ def test_unpaced_never_sleeps_and_paced_keeps_its_steps(monkeypatch: pytest.Monk
     assert elapsed >= first_step + 4 * 0.004
 
 
+def test_unpaced_steps_run_several_to_a_loop_turn() -> None:
+    e = engine(output_length={"dist": "fixed", "value": 200})
+    turns = 0
+    turn_of_token: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    def sink(output: EngineOutput) -> bool:
+        turn_of_token.append(turns)
+        return True
+
+    async def body() -> None:
+        ticking = asyncio.ensure_future(ticker())
+        ids = tuple(e.tokenize(PROMPT, True))
+        await e.push("r", PreparedPrompt(ids), SamplingParams(max_tokens=200), sink)
+        ticking.cancel()
+
+    run(e, body)
+    assert len(turn_of_token) == 200
+    # A loop turn costs more than a token: steps back to back share one.
+    assert len(set(turn_of_token)) < len(turn_of_token)
+
+
+def test_unpaced_steps_still_pause_for_a_waiting_requests_prefill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay: float, *args: Any) -> Any:
+        pauses.append(delay)
+        return await real_sleep(delay, *args)
+
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    e = engine(max_num_seqs=2, prefill_ms_per_token=1, output_length={"dist": "fixed", "value": 50})
+
+    async def body() -> None:
+        await asyncio.gather(
+            collect(e, request_id="long"),
+            collect(e, request_id="short", max_tokens=5),
+            collect(e, request_id="waiting", max_tokens=5),
+        )
+
+    run(e, body)
+    prompt_s = len(e.tokenize(PROMPT, True)) / 1000
+    # The first two prompts' prefill at once; the third's when the short one frees its
+    # slot, while the long one still runs (a pause is shortened by the step's own work).
+    first, then = (p / prompt_s for p in pauses if p > 0)
+    assert 1.5 < first <= 2 and 0.5 < then <= 1
+
+
 def test_abort_ends_a_running_and_a_waiting_request() -> None:
     e = engine(max_num_seqs=1, step_ms=5, output_length={"dist": "fixed", "value": 1000})
 
