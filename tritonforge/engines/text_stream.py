@@ -39,6 +39,8 @@ class StopStringMatcher:
 
     def feed(self, text: str) -> tuple[str, str | None]:
         """Add ``text``; return the text that is now safe to emit and the stop hit, if any."""
+        if not self._stops:
+            return text, None
         self._pending += text
         hit: tuple[int, str] | None = None
         for stop in self._stops:

@@ -23,6 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tritonforge.engines.base import EngineOutput
 from tritonforge.serving.responses import merge_outputs
@@ -80,9 +81,10 @@ class Final:
     record: object | None
 
 
-@dataclass(frozen=True)
-class Batch:
-    """What one send job does, in this order: check cancellation, send, end."""
+class Batch(NamedTuple):
+    """What one send job does, in this order: check cancellation, send, end.
+
+    A tuple, not a frozen dataclass: one is made for every response."""
 
     poll: bool
     output: EngineOutput | None

@@ -74,7 +74,9 @@ def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutpu
 
 def text_tensor(value: str) -> npt.NDArray[Any]:
     """One UTF-8 string as a 1-element BYTES tensor, the shape of every text output."""
-    return np.array([value.encode("utf-8")], dtype=np.object_)
+    tensor = np.empty(1, dtype=np.object_)
+    tensor[0] = value.encode("utf-8")
+    return tensor
 
 
 def build_outputs(

@@ -401,13 +401,14 @@ class Runtime:
     ) -> None:
         """One request from first delta to its single FINAL response and metrics record."""
         timing = entry.timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
+        returns, prompt_tokens = request.returns, timing.prompt_tokens
         prefix = prepared.text if request.prepend_input and prepared.text else ""
-        entry.build = functools.partial(
-            build_outputs,
-            returns=request.returns,
-            num_input_tokens=timing.prompt_tokens,
-            prefix="" if request.stream else prefix,
-        )
+        prefix = "" if request.stream else prefix
+
+        def build(output: EngineOutput) -> dict[str, npt.NDArray[Any]]:
+            return build_outputs(output, returns, prompt_tokens, prefix)
+
+        entry.build = build
         try:
             await self._consume(request_id, request, prepared, entry, timing)
             if entry.cancelled:
