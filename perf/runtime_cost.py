@@ -7,7 +7,8 @@ made of such changes. This measures what this project's code alone costs: the ru
 with every send job run inline on the engine's loop and a channel that takes each
 response and drops it. One thread does all the work, so the figure — CPU seconds per
 token — counts each part's Python once, without the thread hand-offs and IPC whose cost
-depends on the OS scheduler and Triton; it is not what a token costs in the stub.
+depends on the OS scheduler and Triton; it is not what a token costs in the stub. A
+wave's requests are submitted in one turn of the engine's loop, so they run together.
 
 Each commit's code runs from a git worktree of its own in a fresh process (the work tree
 is not touched), the commits' order rotated every round; per round, the foreign CPU share.
@@ -91,9 +92,14 @@ def wave():
             if left[0] == 0:
                 ended.set()
     channels = [Channel(done) for _ in range(load["concurrency"])]
+    requests = [request() for _ in channels]
+
+    async def submit_all():  # in one loop turn: the wave's requests start together
+        for req, channel in zip(requests, channels):
+            runtime.submit(req, channel)
+
     cpu = time.process_time()
-    for channel in channels:
-        runtime.submit(request(), channel)
+    runtime.run_on_loop(submit_all()).result()
     assert ended.wait(300), "the wave did not end"
     cpu = time.process_time() - cpu
     assert not errors, errors
