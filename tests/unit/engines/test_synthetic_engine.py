@@ -239,15 +239,21 @@ def test_max_num_seqs_runs_that_many_and_queues_the_rest() -> None:
     assert e.stats().running == 0 and e.stats().waiting == 0
 
 
-def test_unpaced_never_sleeps_and_paced_keeps_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    pauses: list[float] = []
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every ``asyncio.sleep`` delay asked for while the test runs, in order."""
+    delays: list[float] = []
     real_sleep = asyncio.sleep
 
     async def recording_sleep(delay: float, *args: Any) -> Any:
-        pauses.append(delay)
+        delays.append(delay)
         return await real_sleep(delay, *args)
 
     monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    return delays
+
+
+def test_unpaced_never_sleeps_and_paced_keeps_its_steps(pauses: list[float]) -> None:
     unpaced = engine(output_length={"dist": "fixed", "value": 50})
     run(unpaced, lambda: collect(unpaced, max_tokens=50))
     assert pauses and set(pauses) == {0}
@@ -293,17 +299,7 @@ def test_unpaced_steps_run_several_to_a_loop_turn() -> None:
     assert len(set(turn_of_token)) < len(turn_of_token)
 
 
-def test_unpaced_steps_still_pause_for_a_waiting_requests_prefill(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    pauses: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def recording_sleep(delay: float, *args: Any) -> Any:
-        pauses.append(delay)
-        return await real_sleep(delay, *args)
-
-    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+def test_unpaced_steps_still_pause_for_a_waiting_requests_prefill(pauses: list[float]) -> None:
     e = engine(max_num_seqs=2, prefill_ms_per_token=1, output_length={"dist": "fixed", "value": 50})
 
     async def body() -> None:
