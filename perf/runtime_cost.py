@@ -156,7 +156,10 @@ def main() -> None:
         "prompt": opts.prompt,
     }
     commits = {ref: git("rev-parse", "--short", ref) for ref in opts.commits}
-    record: dict = {"environment": capture(model_dir).model_dump(), "load": load, "rows": []}
+    # The tokenizer is recorded as the environment's model (its path within the repository).
+    recorded_load = {key: value for key, value in load.items() if key != "tokenizer"}
+    record: dict = {"environment": capture(model_dir).model_dump(), "load": recorded_load}
+    record["rows"] = []
     record["commits"] = list(commits.values())
     with tempfile.TemporaryDirectory(prefix="runtime-cost-") as scratch:
         trees = {}
