@@ -31,7 +31,8 @@ from tritonforge.serving.responses import merge_outputs
 
 @dataclass(frozen=True)
 class StreamPolicy:
-    """How a request's streamed deltas become responses (config.pbtxt parameters)."""
+    """How a request's traffic with Triton goes out (config.pbtxt parameters): its deltas
+    as responses, and its cancellation checks, which ride with its send jobs."""
 
     #: Tokens a response carries at least (the last one: what is left).
     interval: int = 1
@@ -44,10 +45,15 @@ class StreamPolicy:
     #: pace with a 10 ms-step engine better than 4 or 8, at less CPU per response
     #: (response-threads and serving-ceiling-per-response in perf/README.md).
     threads: int = 2
+    #: How often each request in flight asks Triton whether its client cancelled, in ms
+    #: (None: the engine's period). Each check is a stub↔server round trip on a response
+    #: thread; upstream TensorRT-LLM's ``cancellation_check_period_ms``.
+    cancellation_check_ms: int | None = None
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> StreamPolicy:
-        """Read ``stream_interval``, ``stream_coalescing`` and ``response_threads``.
+        """Read ``stream_interval``, ``stream_coalescing``, ``response_threads`` and
+        ``cancellation_check_period_ms``.
 
         A bad value fails the load, naming the parameter and its rule.
         """
@@ -59,7 +65,17 @@ class StreamPolicy:
             interval=_whole(parameters, "stream_interval", "tokens", default.interval),
             coalesce=default.coalesce if not raw else raw == "true",
             threads=_whole(parameters, "response_threads", "threads", default.threads),
+            cancellation_check_ms=(
+                _whole(parameters, "cancellation_check_period_ms", "milliseconds", 0) or None
+            ),
         )
+
+
+    def cancellation_poll_s(self, engine_default_s: float) -> float:
+        """Seconds between a request's cancellation checks: this policy's, else the engine's."""
+        if self.cancellation_check_ms is None:
+            return engine_default_s
+        return self.cancellation_check_ms / 1000
 
 
 def _whole(parameters: Mapping[str, str], key: str, unit: str, default: int) -> int:

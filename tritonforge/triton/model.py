@@ -272,15 +272,16 @@ class LLMModel:
         admission, self.admission_metrics = model_admission(pb_utils, engine, parameters, labels)
         # Whatever ends this stub, its engine's processes end with it (reaper.py).
         self._reaper = start_reaper()
+        stream_policy = StreamPolicy.from_parameters(parameters)
         self.runtime = Runtime(
             engine,
             self.metrics,
             pb_utils.Logger,
             max_inflight=int(parameters.get("max_inflight", "256")),
-            cancellation_poll_s=engine.cancellation_poll_s,
+            cancellation_poll_s=stream_policy.cancellation_poll_s(engine.cancellation_poll_s),
             on_engine_failure=self._engine_failed,
             shutdown_watch=watch_server(),
-            stream_policy=StreamPolicy.from_parameters(parameters),
+            stream_policy=stream_policy,
             admission=admission,
         )
         self.runtime.start()

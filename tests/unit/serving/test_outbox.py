@@ -170,6 +170,10 @@ def test_a_request_ending_in_error_keeps_the_tokens_waiting_before_it() -> None:
         ({"stream_interval": "-2"}, "parameter stream_interval: must be a whole number"),
         ({"stream_coalescing": "maybe"}, "parameter stream_coalescing: must be true or false"),
         ({"response_threads": "0"}, "parameter response_threads: must be a whole number of"),
+        (
+            {"cancellation_check_period_ms": "0.5"},
+            "parameter cancellation_check_period_ms: must be a whole number of milliseconds",
+        ),
     ],
 )
 def test_bad_stream_parameters_fail_naming_the_key(parameters, message) -> None:
@@ -181,6 +185,9 @@ def test_stream_parameters_are_read() -> None:
     assert StreamPolicy.from_parameters({}) == StreamPolicy(1, True, 2)
     parameters = {"stream_interval": "4", "stream_coalescing": "False", "response_threads": "2"}
     assert StreamPolicy.from_parameters(parameters) == StreamPolicy(4, False, 2)
+    assert StreamPolicy.from_parameters({}).cancellation_poll_s(0.05) == 0.05  # the engine's
+    parameters = {"cancellation_check_period_ms": "1000"}
+    assert StreamPolicy.from_parameters(parameters).cancellation_poll_s(0.05) == 1.0
 
 
 class SlowSender(RecordingChannel):
