@@ -70,7 +70,6 @@ class StreamPolicy:
             ),
         )
 
-
     def cancellation_poll_s(self, engine_default_s: float) -> float:
         """Seconds between a request's cancellation checks: this policy's, else the engine's."""
         if self.cancellation_check_ms is None:

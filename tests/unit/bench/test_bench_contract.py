@@ -24,6 +24,7 @@ CEILING_CONTRACTS = {
     "serving-ceiling.yaml",
     "serving-ceiling-per-response.yaml",
     "response-threads.yaml",
+    "cancellation-poll.yaml",
     "serving-path-ab.yaml",
     "serving-path-decomposition.yaml",
 }
