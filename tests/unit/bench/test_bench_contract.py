@@ -25,6 +25,7 @@ CEILING_CONTRACTS = {
     "serving-ceiling-per-response.yaml",
     "response-threads.yaml",
     "cancellation-poll.yaml",
+    "stub-instances.yaml",
     "serving-path-ab.yaml",
     "serving-path-decomposition.yaml",
 }
