@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from tritonforge.heap import freeze_startup_heap
 from tritonforge.openai import embeddings, tools, translate
 from tritonforge.openai.adapters import (
     AdapterCatalogue,
@@ -437,6 +438,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup_heap()  # no full GC pass walks start-up's objects again (heap.py)
         yield
         await gateway.close()
 

@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.embedding import Embedded, Embedder
+from tritonforge.heap import freeze_startup_heap
 from tritonforge.serving.errors import RequestError
 from tritonforge.triton.model import triton_error
 from tritonforge.triton.reaper import start_reaper
@@ -94,6 +95,7 @@ class EmbeddingModel:
         # Whatever ends this stub, its engine's processes end with it (reaper.py).
         self._reaper = start_reaper()
         self.engine.start()
+        freeze_startup_heap()  # no full GC pass walks the engine's objects again (heap.py)
 
     def _prompts(self, request: Any) -> list[tuple[int, ...]]:
         """The request's rows as checked token ids (RequestError names the input)."""

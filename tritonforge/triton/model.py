@@ -31,6 +31,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.engines.base import Engine
 from tritonforge.engines.config import load_engine_config
+from tritonforge.heap import freeze_startup_heap
 from tritonforge.serving.admission import model_defaults
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.dialects import COMMON, Dialect
@@ -286,6 +287,7 @@ class LLMModel:
         )
         self.runtime.start()
         self.adapter_control = AdapterControl(engine, version_dir)
+        freeze_startup_heap()  # no full GC pass walks the engine's objects again (heap.py)
 
     def _control(self, request: ControlRequest, channel: TritonChannel) -> None:
         """Run a LoRA control request on the engine's loop; answer it when it is done.
