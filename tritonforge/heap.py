@@ -3,11 +3,11 @@
 A stub or the OpenAI frontend holds hundreds of thousands of objects from start-up
 (imported modules, the tokenizer's vocabulary, the engine's client) that live as long
 as the process. Every full pass of CPython's cyclic garbage collector walks all of them
-while holding the GIL: 170 to 180 ms in a stub serving the synthetic engine, 300 to 310 ms in
-a process that imports vLLM (perf/results/gc-pause). Every stream of the process waits
-that long for its next token. Freezing the heap once start-up is done moves those
-objects to a generation the collector never scans; what requests create afterwards is
-collected as before.
+while holding the GIL: about 170 ms in a stub serving the synthetic engine and 310 ms in
+one serving vLLM (perf/results/gc-pause). Every stream of the process waits that long for
+its next token. Freezing the heap once start-up is done moves those objects to a
+generation the collector never scans; what requests create afterwards is collected as
+before.
 """
 
 from __future__ import annotations
