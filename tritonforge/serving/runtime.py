@@ -500,9 +500,12 @@ class Runtime:
             self._request_polls()
             if self._failure is None and (cause := self.engine.failure()) is not None:
                 self._engine_failed(cause)
-            if self.shutdown_watch is not None and time.monotonic() >= next_server_poll:
+            # Every turn until the server's endpoint first answered: a SIGTERM right after
+            # the model became ready must not fall before the watch is armed.
+            watch = self.shutdown_watch
+            if watch is not None and (time.monotonic() >= next_server_poll or not watch.armed):
                 next_server_poll = time.monotonic() + self.shutdown_poll_s
-                await self._watch_server(self.shutdown_watch)
+                await self._watch_server(watch)
             stats = self.engine.stats()
             if not self._inflight:
                 # The engine cannot be busy with requests we no longer have; its last

@@ -11,8 +11,9 @@ cannot finish within the exit timeout therefore hang the shutdown.
 What is observable: on SIGTERM the server first stops answering on its HTTP endpoint
 (it waits for open connections and closes new ones unanswered, then tears it down).
 So the model asks its own server's HTTP endpoint whether it is live (address and port
-from the parent's command line: the stub is a child of tritonserver) and, once an
-endpoint that answered stops answering, knows the server is stopping. The runtime then lets
+from the parent's command line: the stub is a child of tritonserver) and, once the
+endpoint closes a connection unanswered (or, having answered, refuses one), knows the
+server is stopping. The runtime then lets
 requests in flight run for a grace period that ends well before the exit timeout and
 ends the rest with UNAVAILABLE, so the server unloads every model and exits cleanly.
 Triton 2.51 workaround W15, see docs/triton-2.51-workarounds.md.
@@ -92,17 +93,18 @@ class ServerSettings:
 class ShutdownWatch:
     """Polled on the runtime's loop: has the server begun to shut down?
 
-    Each poll asks the server's HTTP endpoint ``GET /v2/health/live``. Armed once it
-    answered (the endpoint opens only after the startup models loaded); after that, a
-    connection refused, reset or closed without an answer means the server is
-    stopping — on SIGTERM, Triton 2.51 keeps accepting connections while it waits for
-    the open ones, but closes each new one unanswered. The answer is sticky.
+    Each poll asks the server's HTTP endpoint ``GET /v2/health/live``. On SIGTERM,
+    Triton 2.51 keeps accepting connections while it waits for the open ones, but
+    closes each new one unanswered: that alone means the server is stopping (a server
+    still starting refuses connections; its endpoint opens only after the startup
+    models loaded). A connection refused or reset means stopping once the watch is
+    armed, i.e. the endpoint answered before. The answer is sticky.
     """
 
     def __init__(self, settings: ServerSettings, timeout_s: float = 0.5) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        self._armed = False
+        self.armed = False  # the endpoint answered once
         self.stopping = False
 
     async def poll(self) -> bool:
@@ -111,14 +113,17 @@ class ShutdownWatch:
         try:
             async with asyncio.timeout(self.timeout_s):
                 answered = await self._live()
-        except (ConnectionRefusedError, ConnectionResetError, asyncio.IncompleteReadError):
+        except asyncio.IncompleteReadError:  # accepted, closed unanswered: stopping
+            self.stopping = True
+            return True
+        except (ConnectionRefusedError, ConnectionResetError):
             answered = False
         except (OSError, TimeoutError):
             return False  # busy or unreachable: no evidence either way
         if answered:
-            self._armed = True
+            self.armed = True
         else:
-            self.stopping = self._armed
+            self.stopping = self.armed
         return self.stopping
 
     async def _live(self) -> bool:

@@ -88,6 +88,23 @@ def test_a_refused_port_before_the_first_answer_is_no_shutdown() -> None:
     assert asyncio.run(scenario()) is False
 
 
+def test_a_connection_closed_unanswered_is_a_shutdown_even_before_the_first_answer() -> None:
+    """A SIGTERM can come before the watch's first poll got an answer; a server still
+    starting refuses connections, only a stopping one accepts and closes them."""
+
+    async def scenario() -> tuple[bool, bool]:
+        endpoint = Endpoint()
+        endpoint.answering = False
+        server = await asyncio.start_server(endpoint.handle, "127.0.0.1", 0)
+        watch = ShutdownWatch(ServerSettings("127.0.0.1", server.sockets[0].getsockname()[1], 5))
+        stopping = await watch.poll()
+        server.close()
+        await server.wait_closed()
+        return stopping, watch.armed
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
 class StoppingWatch(ShutdownWatch):
     """The server is shutting down from the first poll on (grace from its exit timeout)."""
 
