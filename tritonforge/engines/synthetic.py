@@ -359,9 +359,10 @@ class SyntheticEngine(MailboxStreams[SyntheticSequence], HFTokenizedEngine):
         until = time.monotonic() + UNPACED_BURST_S
         self._step()
         while self._running and time.monotonic() < until:
-            if self._waiting and prefill_s > 0:
-                return
-            self._admit()
+            if self._waiting:  # _step already dropped the finished: admit only if any wait
+                if prefill_s > 0:
+                    return
+                self._admit()
             self._step()
 
     def _step(self) -> None:

@@ -402,8 +402,8 @@ class Runtime:
         """One request from first delta to its single FINAL response and metrics record."""
         timing = entry.timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
         returns, prompt_tokens = request.returns, timing.prompt_tokens
-        prefix = prepared.text if request.prepend_input and prepared.text else ""
-        prefix = "" if request.stream else prefix
+        echo = request.prepend_input and not request.stream
+        prefix = prepared.text if echo and prepared.text else ""
 
         def build(output: EngineOutput) -> dict[str, npt.NDArray[Any]]:
             return build_outputs(output, returns, prompt_tokens, prefix)
