@@ -26,6 +26,7 @@ CEILING_CONTRACTS = {
     "response-threads.yaml",
     "cancellation-poll.yaml",
     "stub-instances.yaml",
+    "paced-floor.yaml",
     "serving-path-ab.yaml",
     "serving-path-decomposition.yaml",
 }

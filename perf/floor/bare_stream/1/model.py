@@ -10,11 +10,16 @@ runtime's cost per response into its parts:
   takes the next, sends it one token and puts it back at the end, so the requests
   interleave the way the runtime's do.
 * ``build_tensors`` ``"true"``: each response's tensors are built anew, not reused.
+* ``step_ms`` T > 0: each request's thread paces its tokens like an engine that makes one
+  token per sequence every T ms; the tokens that fell due while a send was on its way
+  go out together in the next response (``num_output_tokens`` says how many), the least
+  a Python model can do to keep up with such an engine.
 """
 
 import collections
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -29,10 +34,10 @@ def _max_tokens(request) -> int:
     return int(json.loads(tensor.as_numpy().reshape(-1)[0]).get("max_tokens", 16))
 
 
-def _token_tensors() -> list:
+def _token_tensors(count: int = 1) -> list:
     return [
-        pb_utils.Tensor("text_output", np.array([b" tok"], dtype=np.object_)),
-        pb_utils.Tensor("num_output_tokens", np.array([1], dtype=np.uint32)),
+        pb_utils.Tensor("text_output", np.array([b" tok" * count], dtype=np.object_)),
+        pb_utils.Tensor("num_output_tokens", np.array([count], dtype=np.uint32)),
     ]
 
 
@@ -45,6 +50,10 @@ class TritonPythonModel:
 
         self.build = parameter("build_tensors", "false").lower() == "true"
         threads = int(parameter("sender_threads", "0"))
+        self.step_s = float(parameter("step_ms", "0")) / 1000
+        if self.step_s > 0 and threads > 0:
+            raise ValueError("step_ms paces a thread per request: set sender_threads to 0")
+        self.batches: dict[int, list] = {}  # tensors of a response carrying n tokens, by n
         self.pooled = threads > 0
         self.ready = threading.Condition()
         self.waiting = collections.deque()  # (sender, tokens left), for the pool
@@ -56,10 +65,28 @@ class TritonPythonModel:
 
     def _stream(self, sender, count: int) -> None:
         """A thread of one request: all its responses."""
+        if self.step_s > 0:
+            self._stream_paced(sender, count)
+            return
         reused = _token_tensors()
         for i in range(count):
             response = pb_utils.InferenceResponse(output_tensors=self._tensors(reused))
             sender.send(response, flags=FINAL if i == count - 1 else 0)
+
+    def _stream_paced(self, sender, count: int) -> None:
+        """A thread of one request whose token i falls due (i + 1) steps after its start."""
+        start, sent = time.monotonic(), 0
+        while sent < count:
+            due = min(count, int((time.monotonic() - start) / self.step_s))
+            if due <= sent:
+                time.sleep(max(0.0, start + (sent + 1) * self.step_s - time.monotonic()))
+                continue
+            tensors = self.batches.get(due - sent)
+            if tensors is None:
+                tensors = self.batches.setdefault(due - sent, _token_tensors(due - sent))
+            response = pb_utils.InferenceResponse(output_tensors=tensors)
+            sender.send(response, flags=FINAL if due == count else 0)
+            sent = due
 
     def _pool_sender(self) -> None:
         """A thread of the pool: one token of the next waiting request at a time."""
