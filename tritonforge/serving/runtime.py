@@ -5,7 +5,8 @@ event loop, so the engine sees every concurrent request and batches them itself.
 Responses, cancellation checks and metric updates cross into the stub's IPC on
 response threads, so a slow client or a metrics call never stalls the engine; each
 request's outbox (outbox.py) keeps its responses in order and coalesces the deltas
-that arrive while one is on its way.
+that arrive while one is on its way. A request's first response overtakes the others'
+next ones: its client is waiting for a first token, theirs only for more.
 
 Life of a request: ``submit`` (bounded: a full model answers "busy") → ``_serve`` on
 the loop (prepare prompt, take each delta the engine pushes, stream or aggregate) → its
@@ -34,6 +35,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -159,6 +161,8 @@ class _Inflight:
     failure: EngineUnavailable | None = None
     #: Its FINAL response went out: nothing more may follow (one FINAL per request).
     closed: bool = False
+    #: An output or its end reached its outbox: later send jobs take the common lane.
+    started: bool = False
     #: Its metrics so far; recorded with the FINAL response (see ``Runtime._send``).
     timing: _Timing | None = None
     #: An engine output → its response tensors (the outputs the request asked for).
@@ -205,6 +209,8 @@ class Runtime:
             target=self._loop.run_forever, name="tritonforge-engine-loop", daemon=True
         )
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Send jobs of requests' first responses, run before the next job of _jobs.
+        self._first: deque[Callable[[], None]] = deque()
         self._response_threads = [
             threading.Thread(target=self._run_jobs, name=f"tritonforge-responses-{i}", daemon=True)
             for i in range(response_threads or self.stream_policy.threads)
@@ -307,10 +313,25 @@ class Runtime:
     ) -> None:
         entry.task = self._loop.create_task(self._serve(request_id, request, prepared, entry))
 
-    def _post(self, job: Callable[[], None]) -> None:
+    def _post(self, job: Callable[[], None], first: bool = False) -> None:
+        """Queue ``job`` for a response thread; a ``first`` response's job goes ahead.
+
+        Under load every request in flight has a send job queued, and a new request's
+        first token would wait behind all of them. A first job goes into its own lane,
+        and a wake-up into the common queue so that an idle thread picks it at once.
+        """
         with self._idle:
             self._queued += 1
+        if first:
+            self._first.append(job)
+            job = _wake_up
         self._jobs.put(job)
+
+    def _post_send(self, entry: _Inflight, posted: bool) -> None:
+        """Post the request's send job if its outbox asked for one (``posted``)."""
+        first, entry.started = not entry.started, True
+        if posted:
+            self._post(functools.partial(self._flush, entry), first)
 
     def _send(
         self,
@@ -329,16 +350,14 @@ class Runtime:
             return
         if not final:
             assert output is not None
-            if entry.outbox.put(output):
-                self._post(functools.partial(self._flush, entry))
+            self._post_send(entry, entry.outbox.put(output))
             return
         entry.closed = True
         record = None
         if entry.timing is not None:
             outcome = "finished" if error is None else "cancelled" if entry.cancelled else "failed"
             record = entry.timing.record(outcome)
-        if entry.outbox.finish(Final(output, error, record)):
-            self._post(functools.partial(self._flush, entry))
+        self._post_send(entry, entry.outbox.finish(Final(output, error, record)))
 
     def _flush(self, entry: _Inflight) -> None:
         """One send job of one request (a response thread): poll, send, end, in order.
@@ -627,6 +646,7 @@ class Runtime:
     def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
+                self._run_first_jobs()
                 job()
             except Exception as exc:
                 self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
@@ -635,6 +655,22 @@ class Runtime:
                     self._queued -= 1
                     if self._queued == 0:
                         self._idle.notify_all()
+
+    def _run_first_jobs(self) -> None:
+        """Run the first responses' jobs waiting (each once: the lane's pop is atomic)."""
+        while True:
+            try:
+                job = self._first.popleft()
+            except IndexError:
+                return
+            try:
+                job()
+            except Exception as exc:
+                self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+
+
+def _wake_up() -> None:
+    """The common queue's stand-in for a first response's job (run from its own lane)."""
 
 
 #: Sends one output (or none), an error (or none), and whether it is the FINAL.

@@ -133,6 +133,85 @@ def test_a_consumer_that_keeps_up_gets_one_token_per_response() -> None:
     assert _pieces(channel) == [("a", [0], 1), ("ñ", [1], 1), ("🙂", [2], 1), ("z", [3], 1)]
 
 
+class LaneEngine(ScriptedEngine):
+    """Requests A, B, C (by prompt length 1, 2, 3), each step released by the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b_next, self.b_put, self.c_put = (threading.Event() for _ in range(3))
+        self.gate = threading.Event()  # A's sends block until it opens; then all end
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        async def until(event: threading.Event) -> None:
+            while not event.is_set():
+                await asyncio.sleep(0.001)
+
+        name = "ABC"[len(prompt.token_ids) - 1]
+        yield EngineOutput(text=name, token_ids=[1])
+        if name == "B":
+            await until(self.b_next)
+            yield EngineOutput(text=name, token_ids=[2])
+            self.b_put.set()  # runs once the runtime took the delta: its job is queued
+        elif name == "C":
+            self.c_put.set()
+        await until(self.gate)
+        yield EngineOutput(text=".", token_ids=[3], finished=True, finish_reason="stop")
+
+
+class OrderedChannel(RecordingChannel):
+    """Notes (its name, the send's index) in an order shared by several channels."""
+
+    def __init__(
+        self, name: str, order: list[tuple[str, int]], gate: threading.Event | None = None
+    ):
+        super().__init__()
+        self.name, self.order, self.gate = name, order, gate
+        self.sending = threading.Event()
+
+    def send(self, tensors, error, final) -> None:
+        self.sending.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        self.order.append((self.name, len(self.sent)))
+        super().send(tensors, error, final)
+
+
+def _request_of(tokens: int):
+    return parse_request({"input_ids": np.ones(tokens, dtype=np.int32), "stream": np.array([True])})
+
+
+def test_a_first_response_overtakes_the_next_responses_of_running_requests() -> None:
+    """One response thread, held up by A: B's second token is queued before C's first,
+    yet C's first token goes out first: C's client waits for a first token, B's for more."""
+    engine, order = LaneEngine(), []
+    a, b, c = (OrderedChannel(name, order) for name in "ABC")
+    a.gate = engine.gate
+    runtime = Runtime(
+        engine, RecordingMetrics(), RecordingLogger(), cancellation_poll_s=60, response_threads=1
+    )
+    runtime.start()
+    try:
+        runtime.submit(_request_of(2), b)
+        deadline = time.monotonic() + 10
+        while not b.sent and time.monotonic() < deadline:
+            time.sleep(0.001)
+        runtime.submit(_request_of(1), a)
+        assert a.sending.wait(10)  # the only response thread is held up in A's send
+        engine.b_next.set()
+        assert engine.b_put.wait(10)
+        runtime.submit(_request_of(3), c)
+        assert engine.c_put.wait(10)
+        engine.gate.set()
+        for channel in (a, b, c):
+            assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    assert order.index(("C", 0)) < order.index(("B", 1))
+    assert [final for _, _, final in c.sent].count(True) == 1
+
+
 @pytest.mark.parametrize("coalesce", [False, True])
 def test_stream_interval_sends_every_n_tokens_and_the_rest_last(coalesce: bool) -> None:
     script = [EngineOutput(text=str(i), token_ids=[i]) for i in range(10)]
