@@ -27,6 +27,7 @@ CEILING_CONTRACTS = {
     "cancellation-poll.yaml",
     "stub-instances.yaml",
     "paced-floor.yaml",
+    "first-response-ab.yaml",
     "serving-path-ab.yaml",
     "serving-path-decomposition.yaml",
 }
