@@ -165,7 +165,7 @@ class OrderedChannel(RecordingChannel):
 
     def __init__(
         self, name: str, order: list[tuple[str, int]], gate: threading.Event | None = None
-    ):
+    ) -> None:
         super().__init__()
         self.name, self.order, self.gate = name, order, gate
         self.sending = threading.Event()
@@ -186,8 +186,8 @@ def test_a_first_response_overtakes_the_next_responses_of_running_requests() -> 
     """One response thread, held up by A: B's second token is queued before C's first,
     yet C's first token goes out first: C's client waits for a first token, B's for more."""
     engine, order = LaneEngine(), []
-    a, b, c = (OrderedChannel(name, order) for name in "ABC")
-    a.gate = engine.gate
+    a = OrderedChannel("A", order, gate=engine.gate)
+    b, c = OrderedChannel("B", order), OrderedChannel("C", order)
     runtime = Runtime(
         engine, RecordingMetrics(), RecordingLogger(), cancellation_poll_s=60, response_threads=1
     )
