@@ -26,11 +26,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "perf"))
+
+from llamacpp_step import save  # noqa: E402
 
 from tritonforge.bench.environment import capture  # noqa: E402
 from tritonforge.bench.noise import RoundWatch  # noqa: E402
 from tritonforge.launch.launcher import server_environment  # noqa: E402
-from tritonforge.paths import new_run_dir  # noqa: E402
 
 #: Engine kinds: the class and the shipped model directory it is built from.
 ENGINES = {
@@ -130,9 +132,7 @@ def main() -> None:
                 f"then {after['objects']:,} objects, {after['full_pass_ms']['median']:.3f} ms",
                 flush=True,
             )
-    out_dir = new_run_dir(opts.out)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+    save(record, opts.out)
 
 
 if __name__ == "__main__":
