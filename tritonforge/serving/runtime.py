@@ -647,9 +647,7 @@ class Runtime:
         while (job := self._jobs.get()) is not None:
             try:
                 self._run_first_jobs()
-                job()
-            except Exception as exc:
-                self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+                self._run(job)
             finally:
                 with self._idle:
                     self._queued -= 1
@@ -663,10 +661,14 @@ class Runtime:
                 job = self._first.popleft()
             except IndexError:
                 return
-            try:
-                job()
-            except Exception as exc:
-                self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+            self._run(job)
+
+    def _run(self, job: Callable[[], None]) -> None:
+        """One job on a response thread; its failure is logged, the thread goes on."""
+        try:
+            job()
+        except Exception as exc:
+            self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
 
 
 def _wake_up() -> None:
