@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel
 
 from tritonforge.bench.contract import Slo
@@ -100,12 +101,11 @@ class Percentiles(BaseModel):
     def of(cls, values: Sequence[float]) -> Percentiles:
         if not values:
             return cls()
-        ordered = sorted(values)
         return cls(
-            mean=sum(ordered) / len(ordered),
-            p50=percentile(ordered, 50),
-            p95=percentile(ordered, 95),
-            p99=percentile(ordered, 99),
+            mean=sum(values) / len(values),
+            p50=percentile(values, 50),
+            p95=percentile(values, 95),
+            p99=percentile(values, 99),
         )
 
 
@@ -137,14 +137,15 @@ class LevelMetrics(BaseModel):
     noise: NoiseSample | None = None  # the machine around this round (runner fills it)
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile of sorted values (numpy's default method)."""
-    if len(ordered) == 1:
-        return float(ordered[0])
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return float(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated; None when empty.
+
+    The one percentile of the benchmark tool and perf/: every report, the serving ceiling
+    and the reliability verdicts read their tails the same way (numpy's default method).
+    """
+    if not values:
+        return None
+    return float(np.percentile(values, q))
 
 
 def meets_slo(record: MeasuredRequest, slo: Slo) -> bool:

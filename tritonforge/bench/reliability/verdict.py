@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tritonforge.bench.metrics import percentile
 from tritonforge.bench.reliability.clients import Outcome
 
 
@@ -54,7 +55,8 @@ def outcome_figures(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     latencies = sorted(o.seconds for o in outcomes if o.ok)
 
     def pct(q: float) -> float | None:
-        return round(latencies[int(q * (len(latencies) - 1))], 3) if latencies else None
+        value = percentile(latencies, q)
+        return None if value is None else round(value, 3)
 
     return {
         "requests": len(outcomes),
@@ -63,7 +65,7 @@ def outcome_figures(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "hung": sum(o.hung for o in outcomes),
         "empty_texts": sum(o.ok and not o.text for o in outcomes),
         "by_model_and_kind": dict(sorted(by_kind.items())),
-        "latency_s_p50": pct(0.5),
-        "latency_s_p99": pct(0.99),
+        "latency_s_p50": pct(50),
+        "latency_s_p99": pct(99),
         "latency_s_max": round(latencies[-1], 3) if latencies else None,
     }
