@@ -40,7 +40,9 @@ from tritonforge.bench.environment import (
     dirty_files,
     tritonserver_version,
 )
+from tritonforge.bench.metrics import percentile
 from tritonforge.bench.noise import RoundWatch
+from tritonforge.bench.run_plan import rotated
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 from tritonforge.launch.model_store import models_dir
@@ -248,13 +250,6 @@ async def close_quietly(worker: Any) -> None:
         await asyncio.wait_for(worker.close(), 5)
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def summarize(records: Sequence[StreamRecord], cpu: dict[str, float]) -> dict[str, Any]:
     """One level's figures from its requests and the CPU each role spent over it."""
     ok = [r for r in records if r.error is None]
@@ -279,10 +274,10 @@ def summarize(records: Sequence[StreamRecord], cpu: dict[str, float]) -> dict[st
         "cpu_us_per_token": per_token,
         "server_cpu_us_per_token": server * 1e6 / tokens if tokens else None,
         "server_cpu_us_per_response": server * 1e6 / responses if responses else None,
-        "ttft_ms": {"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99)},
-        "itl_ms": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
+        "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
+        "itl_ms": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99)},
         # Each stream's tokens/s after its first response; p10 is the slower streams.
-        "stream_tokens_per_s": {"p50": percentile(paces, 0.5), "p10": percentile(paces, 0.1)},
+        "stream_tokens_per_s": {"p50": percentile(paces, 50), "p10": percentile(paces, 10)},
     }
 
 
@@ -321,11 +316,6 @@ def measure(
 
 
 # --- the run ---------------------------------------------------------------------------
-
-
-def rotated(targets: Sequence[CeilingTarget], round_index: int) -> list[CeilingTarget]:
-    shift = round_index % len(targets)
-    return [*targets[shift:], *targets[:shift]]
 
 
 def run_rounds(
