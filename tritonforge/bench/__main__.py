@@ -4,7 +4,8 @@
 ``python -m tritonforge.bench storm`` the storm with a forced kill of tritonserver
 (``make storm``, ``tritonforge.bench.reliability.kill_storm``);
 ``python -m tritonforge.bench ceiling --contract perf/contracts/serving-ceiling.yaml`` the
-serving-ceiling contract (``tritonforge.bench.ceiling``).
+serving-ceiling contract (``tritonforge.bench.ceiling``), ``ab`` the same contract on
+several commits in interleaved rounds (``tritonforge.bench.ab``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,64 @@ def _add_ceiling(sub: argparse._SubParsersAction) -> None:
     ceiling.add_argument("--results", help="results root (default perf/results)")
     _served_mismatch_arg(ceiling)
     ceiling.set_defaults(func=_ceiling)
+
+
+def _ab(args: argparse.Namespace) -> int:
+    from tritonforge.bench.ab import DirtyTree, run_ab
+    from tritonforge.bench.ceiling import RESULTS_ROOT
+
+    try:
+        out = run_ab(args.contract, args.commits, args.rounds, Path(args.results or RESULTS_ROOT))
+    except DirtyTree as error:
+        print(error, file=sys.stderr)
+        return 2
+    print(f"wrote {out}" if out else "nothing ran")
+    return 0
+
+
+def _add_ab(sub: argparse._SubParsersAction) -> None:
+    ab = sub.add_parser(
+        "ab",
+        help="a serving-ceiling contract on several commits, rounds interleaved (clean tree)",
+    )
+    ab.add_argument("commits", nargs="+", help="commits to serve, in the first round's order")
+    ab.add_argument("--contract", type=Path, required=True, help="a serving-ceiling contract")
+    ab.add_argument("--rounds", type=int, default=3)
+    ab.add_argument("--results", help="results root (default perf/results)")
+    ab.set_defaults(func=_ab)
+
+
+def _overload(args: argparse.Namespace) -> int:
+    from tritonforge.bench import overload
+
+    try:
+        return overload.main(args)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+
+
+def _add_overload(sub: argparse._SubParsersAction) -> None:
+    from tritonforge.bench.overload import add_arguments
+
+    cells = sub.add_parser(
+        "overload",
+        help="an overload contract's cells: multiples of the saturation rate, admission on/off",
+    )
+    add_arguments(cells)
+    cells.set_defaults(func=_overload)
+
+
+def _overload_report(args: argparse.Namespace) -> int:
+    from tritonforge.bench import overload_report
+
+    return overload_report.main(args.run_dir)
+
+
+def _add_overload_report(sub: argparse._SubParsersAction) -> None:
+    rep = sub.add_parser("overload-report", help="verdicts of an overload run → verdicts.json")
+    rep.add_argument("run_dir", type=Path)
+    rep.set_defaults(func=_overload_report)
 
 
 def _contract_args(p: argparse.ArgumentParser) -> None:
@@ -221,7 +280,18 @@ def _add_storm(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    adders = (_add_run, _add_validate, _add_plan, _add_report, _add_soak, _add_storm, _add_ceiling)
+    adders = (
+        _add_run,
+        _add_validate,
+        _add_plan,
+        _add_report,
+        _add_soak,
+        _add_storm,
+        _add_ceiling,
+        _add_ab,
+        _add_overload,
+        _add_overload_report,
+    )
     for add in adders:
         add(sub)
     return parser

@@ -8,17 +8,21 @@ restarts. Requests are the contract's short-chat mix over HTTP ``generate_stream
 Poisson arrivals, each carrying the contract's SLO as its own ``slo_ttft_ms`` /
 ``slo_tpot_ms``.
 
-    .venv/bin/python perf/overload_run.py --sweep 0.25,0.5,1,1.5 --sweep-s 60 \\
-        --duration-s 90 --warmup-s 15 --rounds 1
+The saturation rate S is the tool's own: ``python -m tritonforge.bench run`` on the same
+contract sweeps its ``load.request_rates`` and judges the point by
+:mod:`tritonforge.bench.saturation`; this driver takes S and the sweep's peak goodput
+from that run (``--saturation-from``; an earlier overload run works too) or from
+``--saturation``:
 
-Phases: a short saturation sweep on ``_off`` (the highest rate whose goodput share is
->= 0.9 and whose completions kept up) unless ``--saturation`` gives it, or
-``--saturation-from`` takes it (and the sweep's peak goodput) from an earlier run's
-results; the SLO check and the overload cells at each multiple, modes alternating and
-the order rotated per round. ``--duration-s``/``--warmup-s``/``--rounds`` below the
-contract's make a reduced run, and ``--multiples`` (some of the contract's) a partial
-one; the results say both. Results: perf/results/overload/<UTC>/results.json (logs without
-this machine's paths); perf/overload_report.py judges them against the contract's targets.
+    python -m tritonforge.bench run --contract perf/contracts/overload.yaml
+    python -m tritonforge.bench overload --saturation-from perf/results/overload/<sweep run>
+    python -m tritonforge.bench overload-report perf/results/overload/<UTC>
+
+Then the overload cells at each multiple, modes alternating and the order rotated per
+round. ``--duration-s``/``--warmup-s``/``--rounds`` below the contract's make a reduced
+run, and ``--multiples`` (some of the contract's) a partial one; the results say both.
+Results: perf/results/overload/<UTC>/results.json (logs without this machine's paths);
+:mod:`tritonforge.bench.overload_report` judges them against the contract's targets.
 """
 
 from __future__ import annotations
@@ -31,10 +35,7 @@ import multiprocessing
 import os
 import platform
 import random
-import re
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,15 +45,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tritonforge.bench.contract import Contract, load_contract  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.bench.workload import PromptBuilder, draw_length  # noqa: E402
-from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer  # noqa: E402
-from tritonforge.paths import CACHE_DIR, make_machine_free  # noqa: E402
+from tritonforge.bench.contract import Contract, load_contract
+from tritonforge.bench.metrics import percentile
+from tritonforge.bench.noise import RoundWatch
+from tritonforge.bench.results import RunResult
+from tritonforge.bench.workload import PromptBuilder, draw_length
+from tritonforge.launch.launcher import MODEL_REPOSITORY, TritonServer
+from tritonforge.paths import CACHE_DIR, REPO_ROOT, make_machine_free
 
 MODES = {"on": "on", "off": "observe"}
 #: Seconds the requests of a cell may run past its last arrival before they are cancelled.
@@ -208,11 +209,11 @@ class Probes:
 
     def summary(self) -> dict[str, float | None]:
         return {
-            "malformed_p50_ms": quantile(self.in_loop, 0.5),
-            "malformed_p99_ms": quantile(self.in_loop, 0.99),
-            "malformed_own_process_p50_ms": quantile(self.own_process, 0.5),
-            "malformed_own_process_p99_ms": quantile(self.own_process, 0.99),
-            "driver_lateness_p99_ms": quantile(self.loop_lateness, 0.99),
+            "malformed_p50_ms": percentile(self.in_loop, 50),
+            "malformed_p99_ms": percentile(self.in_loop, 99),
+            "malformed_own_process_p50_ms": percentile(self.own_process, 50),
+            "malformed_own_process_p99_ms": percentile(self.own_process, 99),
+            "driver_lateness_p99_ms": percentile(self.loop_lateness, 99),
         }
 
 
@@ -330,37 +331,27 @@ def summary(outcomes: list[Outcome], contract: Contract, duration_s: float) -> d
         "refused": len(refused),
         "failed": sum(1 for o in measured if o.error),
         "admitted_slo_share": len(good) / len(admitted) if admitted else None,
-        "refusal_p50_ms": quantile(refusal_ms, 0.5),
-        "refusal_p99_ms": quantile(refusal_ms, 0.99),
-        "ttft_p50_s": statistics.median([o.ttft_s for o in admitted if o.ttft_s] or [0]),
+        "refusal_p50_ms": percentile(refusal_ms, 50),
+        "refusal_p99_ms": percentile(refusal_ms, 99),
+        "ttft_p50_s": percentile([o.ttft_s for o in admitted if o.ttft_s], 50),
         # which promise the admitted requests broke, and by how much
-        "ttft_p95_s": quantile([o.ttft_s for o in admitted if o.ttft_s], 0.95),
-        "tpot_p50_s": quantile([o.tpot_s for o in admitted if o.tpot_s is not None], 0.5),
-        "tpot_p95_s": quantile([o.tpot_s for o in admitted if o.tpot_s is not None], 0.95),
+        "ttft_p95_s": percentile([o.ttft_s for o in admitted if o.ttft_s], 95),
+        "tpot_p50_s": percentile([o.tpot_s for o in admitted if o.tpot_s is not None], 50),
+        "tpot_p95_s": percentile([o.tpot_s for o in admitted if o.tpot_s is not None], 95),
         "missed_ttft": sum(1 for o in admitted if o.ttft_s is not None and o.ttft_s > ttft_s),
         "missed_tpot": sum(1 for o in admitted if (o.tpot_s or 0) > tpot_s),
     }
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of ``values``; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
 def samples(server: TritonServer, metric: str, model: str, label: str) -> dict[str, float]:
     """``metric``'s samples for ``model`` on the metrics port, keyed by ``label``'s value."""
-    pattern = re.compile(rf"^{re.escape(metric)}\{{(.*)\}} (\S+)$")
-    found: dict[str, float] = {}
-    for line in httpx.get(server.metrics_url, timeout=10).text.splitlines():
-        match = pattern.match(line)
-        if match and f'model="{model}"' in match.group(1):
-            key = re.search(rf'{label}="([^"]+)"', match.group(1))
-            if key:
-                found[key.group(1)] = float(match.group(2))
-    return found
+    text = httpx.get(server.metrics_url, timeout=10).text
+    return {
+        sample.labels[label]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == metric and sample.labels.get("model") == model and label in sample.labels
+    }
 
 
 def decisions(server: TritonServer, model: str) -> dict[str, float]:
@@ -383,32 +374,22 @@ def median_bound(before: dict[float, float], after: dict[float, float]) -> float
     return next(le for le, count in deltas.items() if count >= total / 2)
 
 
-def saturation(
-    server: TritonServer,
-    model: str,
-    contract: Contract,
-    prompts: PromptBuilder,
-    rates: list[float],
-    seconds: float,
-) -> tuple[float, float, list[dict[str, Any]]]:
-    """(saturation rate, peak goodput, the sweep's cells) on the model without admission.
+def swept_saturation(run: Path) -> tuple[float, float | None]:
+    """(S, the sweep's peak goodput) of an earlier run's results.json.
 
-    A rate holds when >= 90 % of its requests met the SLO (the contract's rule, without
-    its completion-rate half: an open-loop client here awaits every request). The rate
-    is 0 when none held: the SLO is not one this host keeps, and nothing can be judged.
+    A ``tritonforge.bench run`` of the contract: its saturation point and the best
+    median goodput among the rates it swept, by the tool's rule. An overload run: the S
+    and peak it ran with, so a partial run re-measures at the same rate.
     """
-    cells, holding, peak = [], 0.0, 0.0
-    for i, rate in enumerate(rates):
-        outcomes = cell(server, model, schedule(contract, prompts, rate, 0, seconds, i), 0, seconds)
-        result = {"rate_rps": rate, **summary(outcomes, contract, seconds)}
-        cells.append(result)
-        peak = max(peak, result["goodput_rps"])
-        share = result["goodput_rps"] * seconds / max(result["offered"], 1)
-        print(f"sweep {rate:g} req/s: goodput {result['goodput_rps']:.2f}, share {share:.2f}")
-        if share < 0.9:
-            break
-        holding = rate
-    return holding, peak, cells
+    recorded = json.loads((run / "results.json").read_text())
+    if "saturation_rps" in recorded:
+        return recorded["saturation_rps"], recorded["sweep_peak_goodput_rps"]
+    result = RunResult.model_validate(recorded)
+    swept = result.saturation[0] if result.saturation else None
+    if swept is None or swept.point is None:
+        raise ValueError(f"{run}: the sweep found no rate that held the SLO")
+    goodputs = [level.goodput_rps.median for level in swept.levels if level.goodput_rps]
+    return swept.point, max(goodputs, default=None)
 
 
 def overload_cells(
@@ -486,7 +467,7 @@ def environment() -> dict[str, Any]:
     host = machine()
     return {
         "cpu": host.cpu_model,
-        "cores": len(__import__("os").sched_getaffinity(0)),
+        "cores": len(os.sched_getaffinity(0)),
         "isa_flags": host.isa_flags,
         "python": platform.python_version(),
         "vllm": vllm.__version__,
@@ -495,49 +476,50 @@ def environment() -> dict[str, Any]:
     }
 
 
-def parse_args() -> tuple[argparse.Namespace, Contract, str, dict[str, Any] | None]:
-    """The options with the contract's values filled in, the contract and its digest, and
-    the earlier run's results when ``--saturation-from`` names one."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contract", type=Path, default=REPO / "perf/contracts/overload.yaml")
-    parser.add_argument("--sweep", default="0.25,0.5,1,1.5,2,3", help="rates (req/s)")
-    parser.add_argument("--sweep-s", type=float, default=120, help="seconds per sweep rate")
-    parser.add_argument("--saturation", type=float, help="skip the sweep: this rate (req/s)")
-    parser.add_argument(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contract", type=Path, default=REPO_ROOT / "perf/contracts/overload.yaml")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--saturation", type=float, help="the saturation rate S (req/s)")
+    source.add_argument(
         "--saturation-from",
         type=Path,
-        help="skip the sweep: the saturation rate and peak goodput of this earlier run's dir",
+        help="S and the sweep's peak goodput from this run's directory (a `run` of the "
+        "contract, or an earlier overload run)",
     )
     parser.add_argument("--multiples", help="some of the contract's multiples, e.g. 0.5,2")
     parser.add_argument("--duration-s", type=float, help="default: the contract's")
     parser.add_argument("--warmup-s", type=float, help="default: the contract's")
     parser.add_argument("--rounds", type=int, help="default: the contract's")
-    args = parser.parse_args()
+
+
+def resolve(args: argparse.Namespace) -> tuple[Contract, str, float | None]:
+    """The contract and its digest, with the contract's values filled into ``args``; the
+    sweep's peak goodput when ``--saturation-from`` names a run."""
     contract, digest = load_contract(args.contract)
-    assert contract.overload is not None, "the contract has no overload section"
+    if contract.overload is None:
+        raise ValueError(f"{args.contract}: the contract has no overload section")
     args.duration_s = args.duration_s or contract.overload.duration_s
     args.warmup_s = contract.overload.warmup_s if args.warmup_s is None else args.warmup_s
     args.rounds = args.rounds or contract.overload.rounds
     every = list(contract.overload.saturation_multiples)
     args.multiples = [float(m) for m in args.multiples.split(",")] if args.multiples else every
     if unknown := set(args.multiples) - set(every):
-        parser.error(f"--multiples: {sorted(unknown)} are not among the contract's {every}")
-    earlier = None
+        raise ValueError(f"--multiples: {sorted(unknown)} are not among the contract's {every}")
+    peak = None
     if args.saturation_from:
         args.saturation_from = args.saturation_from.resolve()
-        earlier = json.loads((args.saturation_from / "results.json").read_text())
-        args.saturation = earlier["saturation_rps"]
-    return args, contract, digest, earlier
+        args.saturation, peak = swept_saturation(args.saturation_from)
+    return contract, digest, peak
 
 
-def main() -> None:
-    args, contract, digest, earlier = parse_args()
+def main(args: argparse.Namespace) -> int:
+    contract, digest, peak = resolve(args)
     assert contract.overload is not None
     every = list(contract.overload.saturation_multiples)
     env = environment()  # before the run: a run of the wrong tree's code stops here
     model = contract.targets[0].model or "vllm_model"
     prompts = PromptBuilder.for_model(CACHE_DIR / "models" / contract.model)
-    out = REPO / "perf/results/overload" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = REPO_ROOT / "perf/results/overload" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True)
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -548,46 +530,33 @@ def main() -> None:
         ) as server,
     ):
         scheduling = driver_priority()
-        sweep: list[dict[str, Any]] = []
-        peak = earlier["sweep_peak_goodput_rps"] if earlier else None
-        rates = [float(r) for r in args.sweep.split(",")]
-        if args.saturation:
-            rate_s = args.saturation
-        else:
-            rate_s, peak, sweep = saturation(
-                server, f"{model}_off", contract, prompts, rates, args.sweep_s
-            )
-            if not rate_s:
-                print(f"no rate held the SLO: the cells run at multiples of {rates[0]:g} req/s")
-        cells = overload_cells(server, model, contract, prompts, rate_s or rates[0], args)
+        cells = overload_cells(server, model, contract, prompts, args.saturation, args)
     reduced = (
         args.duration_s < contract.overload.duration_s
         or args.rounds < contract.overload.rounds
         or args.warmup_s < contract.overload.warmup_s
     )
     results = {
-        "contract": str(args.contract.relative_to(REPO)),
+        "contract": str(args.contract.resolve().relative_to(REPO_ROOT)),
         "contract_sha256": digest,
         "reduced": reduced,
         "partial": sorted(args.multiples) != sorted(every),
         "saturation_from": (
-            str(args.saturation_from.relative_to(REPO)) if args.saturation_from else None
+            str(args.saturation_from.relative_to(REPO_ROOT)) if args.saturation_from else None
         ),
         "settings": {
-            k: v for k, v in vars(args).items() if k not in ("contract", "saturation_from")
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("contract", "saturation_from", "func", "command")
         },
         "environment": env,
         "driver_scheduling": scheduling,
-        "saturation_rps": rate_s or rates[0],
-        "saturation_held": bool(rate_s),
+        "saturation_rps": args.saturation,
         "sweep_peak_goodput_rps": peak,
-        "sweep": sweep,
         "cells": cells,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     make_machine_free(out)
-    print(f"wrote {out / 'results.json'}; verdicts: perf/overload_report.py {out}")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"wrote {out / 'results.json'}")
+    print(f"verdicts: python -m tritonforge.bench overload-report {out}")
+    return 0

@@ -1,10 +1,10 @@
-"""Verdicts of an overload run (perf/overload_run.py) against its contract's targets.
+"""Verdicts of an overload run (:mod:`tritonforge.bench.overload`) against its contract's targets.
 
 Why: the driver records cells; the targets are judged over the rounds, each round's
 figure on its own side of the threshold (tritonforge/bench/results.py: met, missed or
 inconclusive), so a single lucky round decides nothing.
 
-    .venv/bin/python perf/overload_report.py perf/results/overload/<UTC>
+    python -m tritonforge.bench overload-report perf/results/overload/<UTC>
 
 Reads ``results.json`` (and ``noise.jsonl`` when the run was watched for other
 processes' CPU), writes ``verdicts.json`` and prints the cells and verdicts as Markdown.
@@ -17,16 +17,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tritonforge.bench.contract import Overload, load_contract  # noqa: E402
-from tritonforge.bench.results import judge  # noqa: E402
+from tritonforge.bench.contract import Overload, load_contract
+from tritonforge.bench.results import judge
+from tritonforge.paths import REPO_ROOT
 
 Cells = dict[tuple[float, str], list[dict[str, Any]]]
 
@@ -206,7 +203,7 @@ COLUMNS = [
 def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[float]) -> str:
     peak = results["sweep_peak_goodput_rps"] or 0
     lines = [
-        f"Saturation {results['saturation_rps']:g} req/s (held: {results['saturation_held']}), "
+        f"Saturation {results['saturation_rps']:g} req/s, "
         f"sweep peak goodput {peak:.2f} req/s; other processes' CPU share (per cell or"
         f" 30 s window): max {max(foreign, default=0):.3f},"
         f" median {statistics.median(foreign or [0]):.3f}. Driver scheduling:"
@@ -237,10 +234,9 @@ def foreign_shares(run: Path, results: dict[str, Any]) -> list[float]:
     return [json.loads(line)["foreign_cpu_share"] for line in noise.read_text().splitlines()]
 
 
-def main() -> None:
-    run = Path(sys.argv[1])
+def main(run: Path) -> int:
     results = json.loads((run / "results.json").read_text())
-    contract, _ = load_contract(REPO / results["contract"])
+    contract, _ = load_contract(REPO_ROOT / results["contract"])
     assert contract.overload is not None
     foreign = foreign_shares(run, results)
     quiet = bool(foreign) and max(foreign) <= contract.load.max_foreign_cpu_share
@@ -249,7 +245,4 @@ def main() -> None:
     verdict_file = {"machine_quiet": quiet, "targets": rows}
     (run / "verdicts.json").write_text(json.dumps(verdict_file, indent=1) + "\n")
     print(markdown(results, rows, foreign))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -22,7 +22,6 @@ def test_the_shipped_overload_contract_states_the_issue_targets() -> None:
     overload = contract.overload
     assert overload is not None and contract.load.sweep
     assert overload.saturation_multiples == [0.5, 1, 1.5, 2, 3]
-    assert overload.admission == ["on", "off"]
     # >= 10 measured minutes per rate and mode over the rounds, each cell warmed up 1 min
     assert overload.duration_s * overload.rounds >= 600 and overload.warmup_s >= 60
     assert overload.rounds >= MIN_ROUNDS
@@ -33,7 +32,7 @@ def test_the_shipped_overload_contract_states_the_issue_targets() -> None:
         3.0,
     )
     assert (targets.min_admitted_slo_share, targets.max_refusal_p99_ms) == (0.95, 50)
-    assert (targets.max_ttft_error_p50, targets.error_after_requests) == (0.2, 100)
+    assert targets.max_ttft_error_p50 == 0.2
 
 
 def test_overload_needs_a_sweep_to_find_the_saturation_rate() -> None:

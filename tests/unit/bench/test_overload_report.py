@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
+from tritonforge.bench import overload_report as report
 from tritonforge.bench.contract import Overload
-
-SCRIPT = Path(__file__).resolve().parents[3] / "perf" / "overload_report.py"
-spec = importlib.util.spec_from_file_location("overload_report", SCRIPT)
-assert spec and spec.loader
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 
 OVERLOAD = Overload(saturation_multiples=[0.5, 1, 2], warmup_s=60, duration_s=200)
 
@@ -77,7 +70,7 @@ def test_per_cell_samples_under_the_bound_are_quiet_whatever_the_run_windows_say
 
 
 def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
-    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3, "saturation_held": True}
+    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3}
     for c in results["cells"]:
         if c["multiple"] == 2 and c["mode"] == "on":
             c["malformed_p99_ms"] = 25.0 + c["round"]
@@ -97,7 +90,7 @@ def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
 
 
 def test_the_report_says_how_the_driver_was_scheduled() -> None:
-    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3, "saturation_held": True}
+    results = run([3.0] * 3, [3.0] * 3, [1.0] * 3) | {"saturation_rps": 3}
     rows = report.verdicts(results, OVERLOAD, True)
     assert "Driver scheduling: SCHED_OTHER (not recorded)." in report.markdown(results, rows, [])
     results["driver_scheduling"] = "SCHED_FIFO 10; the own-process probe at SCHED_OTHER"
