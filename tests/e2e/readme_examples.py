@@ -1,11 +1,12 @@
-"""README.md's request examples, taken from the README itself and run against a real server.
+"""The request examples of README.md and docs/, taken from the pages themselves and run
+against a real server.
 
-A README example is a promise: pasted into a shell or a Python prompt beside `make serve`,
-it answers. The runners here rewrite the documented addresses (HTTP 8000, gRPC 8001,
-OpenAI 9000) to a test server's free ports, run the example as written (curl in bash,
-Python with `exec`), and check the answer's shape — status, documented fields, non-empty
-generated text, token counts — never its words: a greedy 135M model answers differently on
-different CPUs (README.md, "Testing").
+A documented example is a promise: pasted into a shell or a Python prompt beside `make
+serve`, it answers. The runners here rewrite the documented addresses (HTTP 8000, gRPC
+8001, OpenAI 9000) to a test server's free ports, run the example as written (curl in
+bash, Python with `exec`), and check the answer's shape — status, documented fields,
+non-empty generated text, token counts — never its words: a greedy 135M model answers
+differently on different CPUs (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
@@ -20,15 +21,26 @@ from typing import Any
 
 from tritonforge.launch.launcher import MODEL_REPOSITORY, REPO_ROOT
 
-#: The files whose request examples are run: the README and the pipelines' one.
-SOURCES = (REPO_ROOT / "README.md", REPO_ROOT / "ensembles" / "README.md")
+#: Pages whose examples other tests own: the upstream differences (error answers included,
+#: tests/e2e/test_upstream_compat.py) and the benchmark runs (tests/e2e/test_bench_*.py).
+OWNED_ELSEWHERE = ("docs/compatibility.md", "docs/benchmarking.md")
+
+
+def documentation() -> tuple[Path, ...]:
+    """The files whose examples are run: the README, every page of docs/, the pipelines'."""
+    docs = sorted((REPO_ROOT / "docs").rglob("*.md"))
+    pages = [p for p in docs if str(p.relative_to(REPO_ROOT)) not in OWNED_ELSEWHERE]
+    return (REPO_ROOT / "README.md", *pages, REPO_ROOT / "ensembles" / "README.md")
+
+
+SOURCES = documentation()
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 _ADDRESS = re.compile(r"(?:http://)?(?:localhost|127\.0\.0\.1):(8000|8001|9000)")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block of a README."""
+    """One fenced block of a documentation page."""
 
     source: str  # path relative to the repository
     lang: str
@@ -41,6 +53,11 @@ class Block:
 
     def is_request(self) -> bool:
         return self.lang == "python" or bool(re.search(r"^\s*curl ", self.code, re.M))
+
+    def is_own_model(self) -> bool:
+        """A step of serving one's own model: writing it with the repository tool, or
+        loading it (tests/e2e/test_your_own_model.py runs these on a server of its own)."""
+        return "tritonforge.repo add" in self.code or "/v2/repository/models/" in self.code
 
 
 def blocks(sources: tuple[Path, ...] = SOURCES) -> list[Block]:
@@ -76,7 +93,7 @@ class Addresses:
 
 @dataclass(frozen=True)
 class Curl:
-    """One curl command of a block, with the output the README documents under it."""
+    """One curl command of a block, with the output the page documents under it."""
 
     command: str
     documented: str | None  # a `# {...}` comment right after the command
@@ -120,6 +137,8 @@ def run_curl(curl: Curl, addresses: Addresses, timeout_s: float = 300) -> None:
     assert status == "200", f"HTTP {status}: {text[:500]}"
     body = _body(curl.command)
     url = re.search(r"(?:localhost|127\.0\.0\.1):\d+(\S*)", curl.command).group(1)
+    if url.startswith("/v2/repository/"):  # model control: an empty answer, status only
+        return
     if url.startswith("/v1/"):
         _check_openai(url, body, text)
     else:
@@ -144,7 +163,7 @@ def _check_triton(url: str, body: dict, text: str, documented: str | None) -> No
     else:
         answer = json.loads(text)
         assert "error" not in answer, answer
-        if documented is not None:  # the README's example answer: same fields
+        if documented is not None:  # the page's example answer: same fields
             assert set(json.loads(documented)) <= set(answer), (documented, answer)
         generated = _generated(body, answer["text_output"])
     assert generated.strip(), f"nothing generated: {text[:500]}"
@@ -197,7 +216,7 @@ class Printed:
 def run_python(code: str, addresses: Addresses) -> Printed:
     """`exec` a Python example with its addresses rewritten; check what it printed."""
     printed = Printed()
-    exec(compile(addresses.rewrite(code), "<README example>", "exec"), {"print": printed})
+    exec(compile(addresses.rewrite(code), "<documented example>", "exec"), {"print": printed})
     everything = [a for line in printed.lines for a in line] + printed.stream
     errors = [a for a in everything if isinstance(a, BaseException)]
     assert not errors, f"the example printed errors: {errors}"

@@ -1,8 +1,9 @@
-"""Every request example in README.md and ensembles/README.md, and the one `make serve`
-prints when ready, answers.
+"""Every request example in README.md, docs/ and ensembles/README.md, and the one `make
+serve` prints when ready, answers.
 
-Examples are read from the READMEs at collection (tests/e2e/readme_examples.py), so an
-example added to them is run here or the inventory test fails. Only the answer's shape is
+Examples are read from the pages at collection (tests/e2e/readme_examples.py), so an
+example added to them is run here (or by the module named for it) or the inventory test
+fails. Only the answer's shape is
 checked (HTTP 200, the documented fields, generated text that is not empty, token counts
 > 0): the words differ between CPUs.
 """
@@ -21,23 +22,24 @@ pytestmark = pytest.mark.server
 #: Blocks that are not requests to the server, by the start of their first line → why not run.
 NOT_RUN = {
     "make serve": "the two top-level commands; `make test` is this suite",
-    "PATH=.venv-bench/bin:$PATH genai-perf": (
-        "a load run; tests/e2e/test_genai_perf.py runs the same command with fewer requests"
-    ),
     '{"smol-alpha"': "a multi_lora.json file, not a command",
-    "PATH=.venv-bench/bin:$PATH aiperf": (
-        "a load run of 32 requests (aiperf alone starts for tens of seconds on two cores)"
-    ),
-    ".venv/bin/python -m tritonforge.repo": "writes repositories; tests/e2e/test_repo_generator.py",
+    ".venv/bin/python -m tritonforge.repo": "writes repositories; tests/e2e/test_your_own_model.py",
     "client ─▶ tritonserver": "the layout diagram",
+    "tritonforge/serving/": "the package layout",
+    "docker build": "needs Docker and an NVIDIA GPU; docker/run_gpu_tests.sh",
+    "INFO … [vllm.py": "log lines the vLLM adapter prints",
 }
+#: Steps of serving one's own model (writing and loading it) run on a server of their own.
+OWN_MODEL = "tests/e2e/test_your_own_model.py"
 
 BLOCKS = blocks()
 #: Request examples for models the session server leaves out run in their own module.
 ELSEWHERE = {m: "tests/e2e/test_lora.py::test_readme_lora_examples" for m in OWN_SERVER_MODELS} | {
     "vllm_embedding_model": "tests/e2e/test_embeddings.py::test_readme_embedding_examples"
 }
-HERE = [b for b in BLOCKS if b.is_request() and not models(b) & set(ELSEWHERE)]
+HERE = [
+    b for b in BLOCKS if b.is_request() and not b.is_own_model() and not models(b) & set(ELSEWHERE)
+]
 
 
 def test_every_readme_block_is_run_or_excluded_with_a_reason() -> None:
@@ -46,9 +48,11 @@ def test_every_readme_block_is_run_or_excluded_with_a_reason() -> None:
         for b in BLOCKS
         if not b.is_request() and not any(b.code.startswith(p) for p in NOT_RUN)
     ]
-    assert not unaccounted, f"README blocks neither run nor listed in NOT_RUN: {unaccounted}"
+    assert not unaccounted, f"blocks neither run nor listed in NOT_RUN: {unaccounted}"
     stale = [p for p in NOT_RUN if not any(b.code.startswith(p) for b in BLOCKS)]
-    assert not stale, f"NOT_RUN names blocks README.md no longer has: {stale}"
+    assert not stale, f"NOT_RUN names blocks the pages no longer have: {stale}"
+    own = [b.id for b in BLOCKS if b.is_request() and b.is_own_model()]
+    assert own, f"no step of serving one's own model found for {OWN_MODEL}"
     assert len(HERE) >= 5, [b.id for b in HERE]  # the extraction itself still finds examples
 
 
