@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Generic, Self, TypedDict, TypeVar
 from tritonforge.engines.config import resolve_path, resolve_paths
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter, load_adapters
 from tritonforge.serving.chat import ChatTemplate, Messages, Tools, plain_turns
-from tritonforge.serving.errors import RequestError
-from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.errors import RequestError, engine_refusal
+from tritonforge.serving.sampling import SAMPLING_KEYS, SamplingParams
 from tritonforge.serving.schema import GenerateRequest
 
 Handle = TypeVar("Handle")
@@ -303,6 +303,12 @@ class Engine(TokenLimits):
             prepared = PreparedPrompt(tuple(self.tokenize(text, add_special_tokens=True)), text)
             field_name = "text_input"
         self._check_adapter(request.sampling.lora_name)
+        try:
+            self.check_sampling(request.sampling)
+        except RequestError:
+            raise
+        except ValueError as exc:
+            raise engine_refusal(exc, SAMPLING_KEYS) from None
         if request.sampling.priority != 0 and self.priority_unsupported is not None:
             raise RequestError(
                 "sampling_parameters.priority",
@@ -335,6 +341,17 @@ class Engine(TokenLimits):
                 f"{context - prompt_tokens} tokens",
             )
         return prepared
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Raise the engine's own error for settings it would refuse at submission.
+
+        Called on Triton's thread before the request is handed over, so the engine's
+        refusal is answered as an invalid argument naming the key (``prepare`` maps a
+        ``ValueError`` so) rather than as a failure after the request was accepted. The
+        shared table (sampling.py) already holds every engine to the tightest ranges;
+        this catches what an engine checks beyond ranges. The default engine checks
+        nothing more.
+        """
 
     def _check_adapter(self, name: str | None) -> None:
         """Refuse an adapter name this model does not serve, listing the ones it does."""

@@ -314,6 +314,15 @@ class VllmEngine(HFTokenizedEngine):
                 finish_reason=completion.finish_reason,
             )
 
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """vLLM's own checks (``SamplingParams`` validates itself when built), now.
+
+        Beyond the shared ranges vLLM refuses combinations (``n`` > 1 with greedy
+        sampling) and settings past its own limits; built here, its refusal is an
+        invalid argument naming the key, not a failure inside ``generate``.
+        """
+        to_vllm_sampling(sampling)
+
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
             await self._engine.abort(request_id)

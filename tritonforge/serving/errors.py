@@ -7,6 +7,9 @@ broke, so a client can fix the request without reading server logs.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 
 def printable(name: str) -> str:
     """``name`` with its unprintable characters escaped (NUL → ``\\x00``).
@@ -27,6 +30,28 @@ class RequestError(ValueError):
         self.field = field
         self.rule = rule
         super().__init__(f"{printable(field)}: {rule}")
+
+
+def engine_refusal(exc: Exception, keys: Iterable[str]) -> RequestError:
+    """An engine's refusal of a request it was handed, as a :class:`RequestError`.
+
+    Engines check their arguments as they take a request and raise their own errors
+    (vLLM's ``VLLMValidationError``, a plain ``ValueError``): those are the client's to
+    fix, so they travel as an invalid argument naming the sampling key they concern —
+    the error's own ``parameter`` when it carries one, else the first of ``keys`` its
+    message names — and the engine's words as the rule.
+    """
+    message = str(exc) or type(exc).__name__
+    named = getattr(exc, "parameter", None)
+    if not isinstance(named, str) or not named:
+        found = [
+            (match.start(), key)
+            for key in keys
+            if (match := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)) is not None
+        ]
+        named = min(found)[1] if found else None
+    field = "sampling_parameters" if named is None else f"sampling_parameters.{named}"
+    return RequestError(field, f"refused by the engine: {message}")
 
 
 class EngineBusy(RuntimeError):

@@ -2,7 +2,8 @@
 
 Names, dtypes and meanings follow upstream vllm_backend: ``text_output`` always;
 ``finish_reason``, ``cumulative_logprob``, ``logprobs``, ``num_input_tokens`` and
-``num_output_tokens`` when asked for; ``output_ids`` (this project's) for token-level
+``num_output_tokens`` when asked for (``cumulative_logprob`` only where the engine
+computed one); ``output_ids`` (this project's) for token-level
 pipelines. A streamed response carries what the step added; a non-streamed one the
 whole generation (with the prompt in front when upstream semantics say so).
 """
@@ -89,10 +90,11 @@ def build_outputs(
     tensors = {"text_output": text_tensor(prefix + output.text)}
     if returns.finish_reason:
         tensors["finish_reason"] = text_tensor(str(output.finish_reason))
-    if returns.cumulative_logprob:
-        value = output.cumulative_logprob if output.cumulative_logprob is not None else 0.0
-        tensors["cumulative_logprob"] = np.array([value], dtype=np.float32)
+    if returns.cumulative_logprob and output.cumulative_logprob is not None:
+        # Absent, never a made-up 0.0, where the engine computed none (no logprobs asked).
+        tensors["cumulative_logprob"] = np.array([output.cumulative_logprob], dtype=np.float32)
     if returns.logprobs:
+        # JSON ``null`` where no count was asked for (``logprobs`` unset), as vllm_backend.
         tensors["logprobs"] = text_tensor(json.dumps(output.logprobs))
     if returns.num_input_tokens:
         tensors["num_input_tokens"] = np.array([num_input_tokens], dtype=np.uint32)

@@ -218,12 +218,17 @@ def _as_structured(name: str, value: Any) -> StructuredOutput:
 
 
 # --- the vocabulary: key -> (coercion, rule check or None, rule text) ------------
+#
+# The one table of ranges every engine is held to: each is the tightest any engine of
+# this project accepts (vLLM's own checks where it is the strictest: temperature at most
+# 2, top_p above 0), so a value is refused alike by every engine, before any engine sees
+# it, with the key's name. docs/compatibility.md lists it.
 
 Check = Callable[[Any], bool] | None
 _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
     "max_tokens": (_as_int, lambda v: v >= 1, "must be >= 1"),
     "min_tokens": (_as_int, lambda v: v >= 0, "must be >= 0"),
-    "temperature": (_as_float, lambda v: v >= 0.0, "must be >= 0"),
+    "temperature": (_as_float, lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
     "top_p": (_as_float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
     "top_k": (_as_int, lambda v: v >= -1, "must be -1 or 0 (disabled) or a positive integer"),
     "min_p": (_as_float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
@@ -252,6 +257,8 @@ _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
 # Older vllm_backend clients spell structured output ``guided_decoding``.
 _ALIASES = {"guided_decoding": "structured_outputs"}
 ACCEPTED_KEYS = tuple(sorted(_SPECS))
+#: Every sampling key, longest first: an engine's message naming ``top_p`` is not about ``p``.
+SAMPLING_KEYS = tuple(sorted(_SPECS, key=len, reverse=True))
 
 
 def parse_sampling_value(key: str, raw_value: Any, name: str) -> Any:

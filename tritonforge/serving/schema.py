@@ -28,8 +28,11 @@ from tritonforge.serving.sampling import (
 
 PROMPT_INPUTS = ("text_input", "messages", "input_ids")
 # Parameters that Triton's frontends use for transport; they are not sampling keys.
+# ``priority`` is not among them: where it reaches the model as a request parameter
+# (HTTP ``/generate``) it is the sampling key of that name, honoured or refused by the
+# engine like the tensor's (docs/compatibility.md says where Triton keeps it).
 TRANSPORT_PARAMETERS = frozenset(
-    {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
+    {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "timeout"}
 )
 
 
@@ -124,9 +127,7 @@ def parse_request(
     prompt, chat, prompt_ids = _prompt(inputs)
     stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
     returns = _returns(inputs, token_level=prompt_ids is not None)
-    sampling = _sampling(
-        inputs, parameters, dialect_sampling, logprobs=returns.logprobs, defaults=defaults
-    )
+    sampling = _sampling(inputs, parameters, dialect_sampling, defaults=defaults)
     return GenerateRequest(
         prompt=prompt,
         messages=chat[0] if chat else None,
@@ -194,12 +195,12 @@ def _sampling(
     inputs: Mapping[str, npt.NDArray[Any]],
     parameters: Mapping[str, Any] | None,
     dialect_sampling: Mapping[str, Any] | None,
-    logprobs: bool,
     defaults: Mapping[str, Any] | None = None,
 ) -> SamplingParams:
     """Merge the three sampling channels, lowest rank first (see :func:`parse_request`).
 
-    ``return_logprobs`` without a ``logprobs`` count asks for the sampled token's only.
+    ``return_logprobs`` asks for no logprobs by itself: without a ``logprobs`` count the
+    output is ``null``, as vllm_backend answers (its clients test for it).
     The ``lora_name`` tensor ranks just below the ``sampling_parameters`` tensor.
     """
     params = {k: v for k, v in (parameters or {}).items() if k not in TRANSPORT_PARAMETERS}
@@ -217,10 +218,7 @@ def _sampling(
         _lora_tensor(inputs, from_tensor),
         from_tensor,
     )
-    sampling = build_sampling(*layers)
-    if logprobs and sampling.logprobs is None:
-        sampling = build_sampling(*layers, {"logprobs": 0})
-    return sampling
+    return build_sampling(*layers)
 
 
 def _lora_tensor(

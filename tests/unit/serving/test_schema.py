@@ -82,7 +82,8 @@ def test_transport_parameters_are_not_sampling_keys() -> None:
         ({"max_tokens": "ten"}, "sampling_parameters.max_tokens", "integer"),
         ({"max_tokens": [1]}, "sampling_parameters.max_tokens", "integer"),
         ({"max_tokens": True}, "sampling_parameters.max_tokens", "boolean"),
-        ({"temperature": -0.1}, "sampling_parameters.temperature", ">= 0"),
+        ({"temperature": -0.1}, "sampling_parameters.temperature", "in [0, 2]"),
+        ({"temperature": 2.1}, "sampling_parameters.temperature", "in [0, 2]"),
         ({"temperature": "hot"}, "sampling_parameters.temperature", "number"),
         ({"temperature": "nan"}, "sampling_parameters.temperature", "finite"),
         ({"top_p": 0}, "sampling_parameters.top_p", "(0, 1]"),
@@ -222,7 +223,7 @@ def test_return_flags_and_logprobs_default() -> None:
     )
     assert request.returns.finish_reason and request.returns.output_ids
     assert not request.returns.num_input_tokens
-    assert request.sampling.logprobs == 0  # the sampled token's logprob at least
+    assert request.sampling.logprobs is None  # no count: the output is null, as upstream
 
 
 @pytest.mark.parametrize(
