@@ -390,6 +390,6 @@ def test_metrics_match_the_requests_sent(server) -> None:
         "vllm:prompt_tokens_total": prompt_tokens,
         "vllm:generation_tokens_total": 21,
         "vllm:time_to_first_token_seconds_count": 3,
-        "vllm:time_per_output_token_seconds_count": 3,
+        "vllm:time_per_output_token_seconds_count": 18,  # one per token after the first
         "vllm:e2e_request_latency_seconds_count": 3,
     }

@@ -44,9 +44,16 @@ import numpy.typing as npt
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
 from tritonforge.serving.admission import Admission
-from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
+from tritonforge.serving.errors import (
+    DeadlineExceeded,
+    EngineBusy,
+    EngineUnavailable,
+    RequestError,
+    engine_refusal,
+)
 from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
+from tritonforge.serving.sampling import SAMPLING_KEYS
 from tritonforge.serving.schema import GenerateRequest
 from tritonforge.triton.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
 
@@ -79,6 +86,11 @@ class RequestRecord:
     tpot_s: float | None
     outcome: str  # finished | cancelled | failed
     lora: str | None = None  # the LoRA adapter it ran with (None: the base model)
+    #: Time per output token after the first, one sample per token: vLLM's (and so
+    #: vllm_backend's) ``time_per_output_token_seconds`` is observed once per token.
+    token_gaps_s: tuple[float, ...] = ()
+    #: Sequences the request asked for (its ``n``).
+    n: int = 1
 
 
 @dataclass
@@ -87,14 +99,31 @@ class _Timing:
 
     prompt_tokens: int
     lora: str | None = None
+    n: int = 1
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float = 0.0
     generated: int = 0
+    gaps: list[float] = field(default_factory=list)
 
     def saw(self, delta: EngineOutput) -> None:
-        if delta.token_ids and self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        self.generated += len(delta.token_ids)
+        """Count a delta's tokens; each token after the first gets its share of the wait.
+
+        A delta of several tokens (an engine step that made more than one) spreads the
+        time since the previous delta over them; tokens that came with the first one
+        waited for nothing more than it.
+        """
+        count = len(delta.token_ids)
+        if not count:
+            return
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.gaps.extend([0.0] * (count - 1))
+        else:
+            self.gaps.extend([(now - self.last_token_at) / count] * count)
+        self.last_token_at = now
+        self.generated += count
 
     def record(self, outcome: str) -> RequestRecord:
         ended = time.perf_counter()
@@ -111,6 +140,8 @@ class _Timing:
             tpot_s=tpot,
             outcome=outcome,
             lora=self.lora,
+            token_gaps_s=tuple(self.gaps),
+            n=self.n,
         )
 
 
@@ -419,7 +450,9 @@ class Runtime:
         self, request_id: str, request: GenerateRequest, prepared: PreparedPrompt, entry: _Inflight
     ) -> None:
         """One request from first delta to its single FINAL response and metrics record."""
-        timing = entry.timing = _Timing(len(prepared.token_ids), request.sampling.lora_name)
+        timing = entry.timing = _Timing(
+            len(prepared.token_ids), request.sampling.lora_name, request.sampling.n
+        )
         returns, prompt_tokens = request.returns, timing.prompt_tokens
         echo = request.prepend_input and not request.stream
         prefix = prepared.text if echo and prepared.text else ""
@@ -446,6 +479,9 @@ class Runtime:
             await self._abort_quietly(request_id)
             if (cause := self.engine.failure()) is not None:
                 self._send(entry, None, self._failure_error(cause), True)
+            elif isinstance(exc, ValueError) and timing.generated == 0:
+                # The engine refused the request as it took it: the client's to fix.
+                self._send(entry, None, engine_refusal(exc, SAMPLING_KEYS), True)
             else:
                 self.logger.log_error(f"[tritonforge] request failed: {exc!r}")
                 self._send(entry, None, exc, True)

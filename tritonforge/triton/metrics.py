@@ -3,8 +3,15 @@
 Names follow vLLM's (``<prefix>:prompt_tokens_total`` …) so existing dashboards work;
 the prefix is the engine's, and every series carries ``model`` and ``version`` labels.
 Latencies are measured by the core for every engine alike: TTFT from arrival at the
-backend to the first token, TPOT as the request's mean time per output token after the
-first, e2e to the last response.
+backend to the first token, e2e to the last response.
+
+The families vllm_backend exports keep its semantics and buckets, so its dashboards and
+tests read the same numbers here: ``time_per_output_token_seconds`` gets one sample per
+output token after the first (not one per request), and ``request_prompt_tokens``,
+``request_generation_tokens`` (buckets 1, 2, 5, 10, … up to the model's context) and
+``request_params_n`` are histograms of finished requests. This project's own families
+stand beside them: ``mean_time_per_output_token_seconds`` is one sample per request (its
+mean after the first token), the figure an SLO on a request's TPOT is judged by.
 
 Requests that name a LoRA adapter are counted twice: in the model's series, as every
 request is, and in per-adapter series (``lora_request_outcome_total``,
@@ -28,10 +35,28 @@ from tritonforge.engines.base import EngineStats
 from tritonforge.serving.runtime import RequestRecord
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0]
-TPOT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5]
+#: vllm_backend's buckets for its per-token histogram.
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+#: This project's per-request mean, finer at the low end where CPU decode steps fall.
+MEAN_TPOT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5]
+#: vllm_backend's buckets for the ``n`` request parameter.
+N_BUCKETS = [1, 2, 5, 10, 20]
 E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0]
 #: Seconds between refreshes of the LoRA info gauge's timestamp while its labels hold.
 LORA_INFO_REFRESH_S = 1.0
+
+
+def one_two_five_buckets(limit: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, … up to ``limit`` (vllm_backend's token-count buckets)."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for step in (1, 2, 5):
+            value = step * scale
+            if value > limit:
+                return buckets
+            buckets.append(float(value))
+        scale *= 10
 
 
 class TritonMetrics:
@@ -99,14 +124,43 @@ class TritonMetrics:
         self.tpot = self._metric(
             "time_per_output_token_seconds",
             histogram,
-            "Mean time per output token after the first, per request",
+            "Time per output token after the first (one sample per token)",
             buckets=TPOT_BUCKETS,
+        )
+        self.mean_tpot = self._metric(
+            "mean_time_per_output_token_seconds",
+            histogram,
+            "Mean time per output token after the first, per request",
+            buckets=MEAN_TPOT_BUCKETS,
         )
         self.e2e = self._metric(
             "e2e_request_latency_seconds",
             histogram,
             "End-to-end request latency",
             buckets=E2E_BUCKETS,
+        )
+        self.n = self._metric(
+            "request_params_n", histogram, "The n request parameter", buckets=N_BUCKETS
+        )
+        # Sized by the model's context, known once the engine started (see size_by_context).
+        self.request_prompt_tokens: Any = None
+        self.request_generation_tokens: Any = None
+
+    def size_by_context(self, max_context: int) -> None:
+        """The per-request token histograms, bucketed 1, 2, 5, 10, … up to ``max_context``.
+
+        Called once the engine has started: the context is the engine's to say.
+        """
+        buckets = one_two_five_buckets(max_context)
+        histogram = self._family.HISTOGRAM
+        self.request_prompt_tokens = self._metric(
+            "request_prompt_tokens", histogram, "Prompt tokens per request", buckets=buckets
+        )
+        self.request_generation_tokens = self._metric(
+            "request_generation_tokens",
+            histogram,
+            "Generation tokens per request",
+            buckets=buckets,
         )
 
     def count_restarts(self, count: int) -> None:
@@ -121,10 +175,16 @@ class TritonMetrics:
         self.requests[record.outcome].increment(1)
         if record.ttft_s is not None:
             self.ttft.observe(record.ttft_s)
+        for gap in record.token_gaps_s:
+            self.tpot.observe(gap)
         if record.tpot_s is not None:
-            self.tpot.observe(record.tpot_s)
+            self.mean_tpot.observe(record.tpot_s)
         if record.outcome == "finished":
             self.e2e.observe(record.e2e_s)
+            self.n.observe(record.n)
+            if self.request_prompt_tokens is not None:
+                self.request_prompt_tokens.observe(record.prompt_tokens)
+                self.request_generation_tokens.observe(record.generation_tokens)
         if record.lora is not None:
             self._record_adapter(record.lora, record)
 

@@ -286,6 +286,7 @@ class LLMModel:
             admission=admission,
         )
         self.runtime.start()
+        self.metrics.size_by_context(engine.max_context)
         self.adapter_control = AdapterControl(engine, version_dir)
         freeze_startup_heap()  # no full GC pass walks the engine's objects again (heap.py)
 
