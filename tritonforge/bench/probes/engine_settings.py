@@ -7,7 +7,7 @@ candidate in a fresh process, in interleaved rounds with the candidates' order r
 and records per round: start-up seconds, prefill and median decode step at each batch
 size, the process tree's memory (PSS), and the foreign CPU share while it ran.
 
-    .venv/bin/python perf/engine_settings.py --rounds 3 \\
+    python -m tritonforge.bench.probes.engine_settings --rounds 3 \\
         --candidate old:dtype=bfloat16,bind=auto --candidate new:dtype=bfloat16,bind=all
 
 Candidate keys: ``dtype``, ``bind`` (``auto`` = vLLM's own, ``all`` = every core this
@@ -21,12 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tritonforge.bench.probes.harness import (
+    ProbeFailed,
+    interleaved,
+    probe_environment,
+    run_program,
+    save,
+)
+from tritonforge.engines.base import CHAT_TEMPLATE_KEY
+from tritonforge.engines.config import load_engine_config, resolve_paths
+from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment
+from tritonforge.paths import REPO_ROOT
 
 CHILD = r"""
 import json, os, random, statistics, sys, time
@@ -89,7 +97,7 @@ print("RESULT" + json.dumps(out), flush=True)
 
 def _shown(path: Path) -> str:
     """A path as results record it: relative to the clone when inside it."""
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 
 def parse_candidate(text: str) -> tuple[str, dict[str, str]]:
@@ -115,32 +123,24 @@ def child_env(base: dict[str, str], bind: str) -> dict[str, str]:
     return env
 
 
-def run_candidate(settings: dict, fields: dict[str, str], spec: dict, env: dict) -> dict:
-    from tritonforge.bench.noise import RoundWatch
-
+def run_candidate(
+    settings: dict[str, Any], fields: dict[str, str], spec: dict[str, Any], env: dict[str, str]
+) -> dict[str, Any]:
+    """One candidate's engine in a process of its own; its figures, or the error it ended in."""
     args = {**settings, "dtype": fields.get("dtype", settings.get("dtype", "auto"))}
     args["enforce_eager"] = fields.get("eager", "1") == "1"
-    with RoundWatch(quiet_window_s=1.0) as watch:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, json.dumps(args), json.dumps(spec)],
+    try:
+        return run_program(
+            CHILD,
+            [json.dumps(args), json.dumps(spec)],
             env=child_env(env, fields.get("bind", "auto")),
-            capture_output=True,
-            text=True,
-            timeout=3600,
+            timeout_s=3600,
         )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
-    result = json.loads(line[6:]) if line else {"error": proc.stderr[-3000:]}
-    assert watch.sample is not None
-    return {**result, "noise": watch.sample.model_dump()}
+    except ProbeFailed as failure:
+        return {"error": str(failure)[-3000:]}
 
 
-def main() -> None:
-    from tritonforge.bench.environment import capture
-    from tritonforge.engines.base import CHAT_TEMPLATE_KEY
-    from tritonforge.engines.config import load_engine_config, resolve_paths
-    from tritonforge.launch.launcher import server_environment
-    from tritonforge.paths import new_run_dir
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--candidate", action="append", required=True)
     parser.add_argument("--rounds", type=int, default=3)
@@ -148,36 +148,36 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=33)
     parser.add_argument("--prompt-words", type=int, default=40)
     parser.add_argument("--long-words", type=int, default=400)
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/engine-settings")
-    opts = parser.parse_args()
-    candidates = [parse_candidate(text) for text in opts.candidate]
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
+    candidates = dict(parse_candidate(text) for text in opts.candidate)
     env = server_environment()
     os.environ["TRITONFORGE_MODELS"] = env["TRITONFORGE_MODELS"]
-    version_dir = REPO / "model_repository/vllm_model/1"
+    version_dir = MODEL_REPOSITORY / "vllm_model/1"
     settings = resolve_paths(load_engine_config(version_dir, "model.json"), version_dir, ("model",))
     settings.pop(CHAT_TEMPLATE_KEY, None)  # the core's own key, not an engine argument
-    out_dir = new_run_dir(opts.out)
-    record = {
-        "environment": capture(Path(settings["model"])).model_dump(),
+    rounds = iter(range(10**9))
+
+    def measure(name: str) -> dict[str, Any]:
+        spec = {
+            "seed": next(rounds) // len(candidates),  # the round's seed, as every candidate's
+            "batches": [int(b) for b in opts.batches.split(",")],
+            "tokens": opts.tokens,
+            "prompt_words": opts.prompt_words,
+            "long_words": opts.long_words,
+        }
+        return run_candidate(settings, candidates[name], spec, env)
+
+    record: dict[str, Any] = {
+        "environment": probe_environment(Path(settings["model"])),
         "engine_settings": {**settings, "model": _shown(Path(settings["model"]))},
-        "candidates": dict(candidates),
-        "rounds": [],
+        "candidates": candidates,
     }
-    for index in range(opts.rounds):
-        shift = index % len(candidates)
-        for name, fields in candidates[shift:] + candidates[:shift]:
-            spec = {
-                "seed": index,
-                "batches": [int(b) for b in opts.batches.split(",")],
-                "tokens": opts.tokens,
-                "prompt_words": opts.prompt_words,
-                "long_words": opts.long_words,
-            }
-            result = run_candidate(settings, fields, spec, env)
-            record["rounds"].append({"round": index, "candidate": name, **result})
-            print(f"round {index} {name}: {json.dumps(result)}", flush=True)
-            (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+    record["rounds"] = interleaved(list(candidates), opts.rounds, measure, "candidate")
+    save(record, "engine-settings")
 
 
 if __name__ == "__main__":

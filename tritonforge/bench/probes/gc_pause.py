@@ -13,26 +13,24 @@ tritonserver, so the stub's own few objects (``triton_python_backend_utils``) ar
 counted: a lower bound of a stub's heap. Kinds run in rotated order, one process each
 per round.
 
-    .venv/bin/python perf/gc_pause.py --rounds 3
+    python -m tritonforge.bench.probes.gc_pause --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "perf"))
-
-from llamacpp_step import save  # noqa: E402
-
-from tritonforge.bench.environment import capture  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.launch.launcher import server_environment  # noqa: E402
+from tritonforge.bench.probes.harness import (
+    interleaved,
+    model_dir,
+    probe_environment,
+    run_program,
+    save,
+)
+from tritonforge.launch.launcher import server_environment
+from tritonforge.paths import REPO_ROOT
 
 #: Engine kinds: the class and the shipped model directory it is built from.
 ENGINES = {
@@ -93,46 +91,33 @@ print("RESULT" + json.dumps(result))
 """
 
 
-def probe(kind: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, kind, json.dumps(ENGINES), str(REPO)],
-        env=server_environment(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
+def probe(kind: str) -> dict[str, Any]:
+    """One kind of serving process built in a fresh interpreter; its passes before/after."""
+    result = run_program(
+        PROBE, [kind, json.dumps(ENGINES), str(REPO_ROOT)], env=server_environment(), timeout_s=600
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{kind}: probe failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(lines[-1][len("RESULT") :])
+    before, after = result["before"], result["after"]
+    print(
+        f"{kind}: {before['objects']:,} objects, full pass "
+        f"{before['full_pass_ms']['median']:.1f} ms; frozen {result['frozen']:,}, "
+        f"then {after['objects']:,} objects, {after['full_pass_ms']['median']:.3f} ms",
+        flush=True,
+    )
+    return result
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", nargs="+", default=[*ENGINES, "openai_frontend"])
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/gc-pause")
-    opts = parser.parse_args()
-    model_dir = Path(server_environment()["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
-    record: dict = {"environment": capture(model_dir).model_dump(), "rows": []}
-    kinds = list(opts.kinds)
-    for index in range(opts.rounds):
-        shift = index % len(kinds)
-        for kind in kinds[shift:] + kinds[:shift]:
-            with RoundWatch(quiet_window_s=2.0) as watch:
-                result = probe(kind)
-            assert watch.sample is not None
-            row = {"round": index, "kind": kind, **result, "noise": watch.sample.model_dump()}
-            record["rows"].append(row)
-            before, after = result["before"], result["after"]
-            print(
-                f"round {index} {kind}: {before['objects']:,} objects, full pass "
-                f"{before['full_pass_ms']['median']:.1f} ms; frozen {result['frozen']:,}, "
-                f"then {after['objects']:,} objects, {after['full_pass_ms']['median']:.3f} ms",
-                flush=True,
-            )
-    save(record, opts.out)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
+    record: dict[str, Any] = {"environment": probe_environment(model_dir())}
+    record["rows"] = interleaved(list(opts.kinds), opts.rounds, probe, "kind")
+    save(record, "gc-pause")
 
 
 if __name__ == "__main__":

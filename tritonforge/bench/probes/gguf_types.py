@@ -4,8 +4,8 @@ Why: llama.cpp's CPU backend has kernels of very different speed per weight type
 a host with AVX2 only some types get its repacked (interleaved) batch kernels. The
 shipped GGUF is the model wheel's Q4_1; whether another type should be shipped, or
 recommended to users who convert their own models, is decided by two numbers side by
-side: the step times (:mod:`perf.llamacpp_step`'s probe, one process per type, rounds
-interleaved with the order rotated) and the quality lost against the shipped file
+side: the step times (:mod:`tritonforge.bench.probes.llamacpp_step`'s probe, one process
+per type, rounds interleaved with the order rotated) and the quality lost against the shipped file
 (perplexity on a fixed text, mean KL divergence of the next-token distribution, and how
 often the most likely next token is the same).
 
@@ -13,7 +13,7 @@ Each type is made from the shipped file with llama.cpp's own quantizer
 (``llama_model_quantize``, requantizing, so a type is measured as a user of this wheel
 would get it, not as it would be from the original float weights).
 
-    .venv/bin/python perf/gguf_types.py --types Q8_0,Q4_0,IQ4_NL,Q4_K_M --rounds 2
+    python -m tritonforge.bench.probes.gguf_types --types Q8_0,Q4_0,IQ4_NL,Q4_K_M --rounds 2
 
 Writes ``perf/results/gguf-types/<UTC timestamp>/results.json``.
 """
@@ -23,27 +23,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "perf"))
-
-import llama_cpp  # noqa: E402
-from llamacpp_step import interleaved, save  # noqa: E402
-
-from tritonforge.bench.environment import capture  # noqa: E402
-from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
-from tritonforge.launch.model_store import write_gguf  # noqa: E402
-from tritonforge.paths import CACHE_DIR  # noqa: E402
+from tritonforge.bench.probes.harness import model_dir, probe_environment, save
+from tritonforge.bench.probes.llamacpp_step import probe_configs
+from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment
+from tritonforge.launch.model_store import write_gguf
+from tritonforge.paths import CACHE_DIR, REPO_ROOT
 
 #: The text the types are scored on: the repository's engine notes, English prose with
 #: code words, read at the served commit (its hash is recorded).
-TEXT = REPO / "docs/engines.md"
+TEXT = REPO_ROOT / "docs/engines.md"
 #: Tokens scored, in windows of WINDOW (each window starts from an empty context).
 SCORED_TOKENS, WINDOW = 2048, 512
 
@@ -96,29 +90,31 @@ def quality(reference: list[np.ndarray], other: list[np.ndarray], tokens: list[i
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--types", default="Q8_0,Q4_0,IQ4_NL,Q4_K_M", help="llama.cpp ftypes")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--threads", default="1,2", help="n_threads settings to time (n_threads_batch alike)"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/gguf-types")
-    opts = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
     env = server_environment()
     shipped_settings = json.loads((MODEL_REPOSITORY / "llamacpp_model/1/model.json").read_text())
     source = Path(env["TRITONFORGE_GGUF"])
     files = {"shipped": source} | {
         kind: quantize(source, kind, CACHE_DIR / "gguf-types") for kind in opts.types.split(",")
     }
-    model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
     text = TEXT.read_text()
     record: dict[str, Any] = {
-        "environment": capture(model_dir).model_dump(),
+        "environment": probe_environment(model_dir()),
         "source": source.name,
         "files_mib": {k: round(p.stat().st_size / 2**20, 1) for k, p in files.items()},
         "text": {
-            "path": str(TEXT.relative_to(REPO)),
+            "path": str(TEXT.relative_to(REPO_ROOT)),
             "sha256": hashlib.sha256(text.encode()).hexdigest(),
         },
         "settings": shipped_settings,
@@ -135,8 +131,8 @@ def main() -> None:
         for kind, path in files.items()
         for n in opts.threads.split(",")
     }
-    record["rows"] = interleaved(configs, shipped_settings, opts.rounds)
-    save(record, opts.out)
+    record["rows"] = probe_configs(configs, shipped_settings, opts.rounds)
+    save(record, "gguf-types")
 
 
 if __name__ == "__main__":

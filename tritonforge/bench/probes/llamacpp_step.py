@@ -9,7 +9,7 @@ each, then the median time of a decode step at batch 1 and at batch ``n_parallel
 64-token prompt block, and whether a sequence's logits are bit-for-bit the same alone
 and beside the others (greedy tokens of 16 steps, alone vs batched).
 
-    .venv/bin/python perf/llamacpp_step.py --rounds 3 \\
+    python -m tritonforge.bench.probes.llamacpp_step --rounds 3 \\
         --config 'split+fa={"kv_unified": false, "flash_attn": true}' \\
         --config 'unified+fa={"kv_unified": true, "flash_attn": true}'
 
@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tritonforge.bench.environment import capture  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.engines.config import resolve_path  # noqa: E402
-from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment  # noqa: E402
-from tritonforge.paths import new_run_dir  # noqa: E402
+from tritonforge.bench.probes.harness import (
+    interleaved,
+    model_dir,
+    probe_environment,
+    run_program,
+    save,
+)
+from tritonforge.engines.config import resolve_path
+from tritonforge.launch.launcher import MODEL_REPOSITORY, server_environment
 
 PROBE = r"""
 import json, statistics, sys, time
@@ -90,56 +89,44 @@ print("RESULT" + json.dumps(result | {"batched_equals_alone": same}))
 """
 
 
-def run_config(settings: dict) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(settings)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    if not lines:
-        raise RuntimeError(done.stderr[-2000:])
-    return json.loads(lines[0][len("RESULT") :])
+def run_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """One config's step times, measured in a process of its own."""
+    return run_program(PROBE, [json.dumps(settings)], timeout_s=600)
 
 
-def interleaved(configs: dict[str, dict], base: dict, rounds: int) -> list[dict]:
-    """Every config (``base`` with its overrides) probed once a round in a process of its
-    own, the order rotated each round; a row per probe with the machine's noise beside it."""
-    names, rows = list(configs), []
-    for index in range(rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            with RoundWatch(quiet_window_s=2.0) as watch:
-                result = run_config(base | configs[name])
-            assert watch.sample is not None
-            noise = watch.sample.model_dump()
-            rows.append({"round": index, "config": name, **result, "noise": noise})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "noise"}), flush=True)
-    return rows
+def shipped_settings() -> dict[str, Any]:
+    """``llamacpp_model``'s model.json, its GGUF path resolved for this host."""
+    env = server_environment()
+    version_dir = MODEL_REPOSITORY / "llamacpp_model/1"
+    shipped: dict[str, Any] = json.loads((version_dir / "model.json").read_text())
+    shipped["model_path"] = resolve_path(shipped["model_path"], version_dir, env)
+    return shipped
 
 
-def save(record: dict, parent: Path) -> None:
-    """``record`` as a new run's results.json under ``parent``."""
-    out_dir = new_run_dir(parent)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+def probe_configs(
+    configs: dict[str, dict[str, Any]], base: dict[str, Any], rounds: int
+) -> list[dict[str, Any]]:
+    """Every config (``base`` with its overrides) in interleaved rounds."""
+    return interleaved(
+        list(configs), rounds, lambda name: run_config(base | configs[name]), "config"
+    )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", action="append", required=True, help="name=JSON overrides")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/llamacpp-step")
-    opts = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
     configs = {c.split("=", 1)[0]: json.loads(c.split("=", 1)[1]) for c in opts.config}
-    env = server_environment()
-    version_dir = MODEL_REPOSITORY / "llamacpp_model/1"
-    shipped = json.loads((version_dir / "model.json").read_text())
-    shipped["model_path"] = resolve_path(shipped["model_path"], version_dir, env)
-    model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
-    record: dict = {"environment": capture(model_dir).model_dump(), "configs": configs}
+    shipped = shipped_settings()
+    record: dict[str, Any] = {"environment": probe_environment(model_dir()), "configs": configs}
     record["shipped"] = shipped
-    record["rows"] = interleaved(configs, shipped, opts.rounds)
-    save(record, opts.out)
+    record["rows"] = probe_configs(configs, shipped, opts.rounds)
+    save(record, "llamacpp-step")
 
 
 if __name__ == "__main__":

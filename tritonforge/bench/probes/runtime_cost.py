@@ -13,7 +13,7 @@ wave's requests are submitted in one turn of the engine's loop, so they run toge
 Each commit's code runs from a git worktree of its own in a fresh process (the work tree
 is not touched), the commits' order rotated every round; per round, the foreign CPU share.
 
-    .venv/bin/python perf/runtime_cost.py --rounds 5 47c8537 HEAD
+    python -m tritonforge.bench.probes.runtime_cost --rounds 5 47c8537 HEAD
 
 Writes ``perf/results/runtime-cost/<UTC timestamp>/results.json``.
 """
@@ -25,17 +25,18 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tritonforge.bench.environment import capture  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.launch.launcher import server_environment  # noqa: E402
-from tritonforge.paths import new_run_dir  # noqa: E402
+from tritonforge.bench.probes.harness import (
+    interleaved,
+    model_dir,
+    probe_environment,
+    run_program,
+    save,
+)
+from tritonforge.paths import REPO_ROOT
 
 #: Run in the worktree of one commit: argv[1] is the JSON of the load.
 PROBE = r"""
@@ -114,29 +115,24 @@ print("RESULT" + json.dumps({"cpu_us_per_token": per_token, "imported": tritonfo
 """
 
 
-def probe(tree: Path, load: dict) -> dict:
+def probe(tree: Path, load: dict[str, Any]) -> dict[str, Any]:
     """One process running the probe on ``tree``'s code; its result."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(load)],
-        cwd=tree, env=os.environ | {"PYTHONPATH": str(tree)},
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    if not lines:
-        raise RuntimeError(done.stderr[-2000:])
-    result = json.loads(lines[0][len("RESULT") :])
+    result = run_program(
+        PROBE, [json.dumps(load)], env=os.environ | {"PYTHONPATH": str(tree)}, cwd=tree
+    )
     if not Path(result.pop("imported")).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"the probe did not import tritonforge from {tree}")
+    result["median_us_per_token"] = round(statistics.median(result["cpu_us_per_token"]), 2)
     return result
 
 
 def git(*args: str) -> str:
     return subprocess.run(
-        ["git", *args], cwd=REPO, check=True, capture_output=True, text=True
+        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
     ).stdout.strip()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("commits", nargs="+", help="commits (or refs) to measure")
     parser.add_argument("--rounds", type=int, default=5)
@@ -144,51 +140,38 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens a request")
     parser.add_argument("--waves", type=int, default=3, help="measured waves per probe")
     parser.add_argument("--prompt", default="Write a long story about a lighthouse keeper.")
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/runtime-cost")
-    opts = parser.parse_args()
-    env = server_environment()
-    model_dir = Path(env["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
+    tokenizer = model_dir()
     load = {
-        "tokenizer": str(model_dir),
         "concurrency": opts.concurrency,
         "tokens": opts.tokens,
         "waves": opts.waves,
         "prompt": opts.prompt,
     }
-    commits = {ref: git("rev-parse", "--short", ref) for ref in opts.commits}
+    commits = [git("rev-parse", "--short", ref) for ref in opts.commits]
     # The tokenizer is recorded as the environment's model (its path within the repository).
-    recorded_load = {key: value for key, value in load.items() if key != "tokenizer"}
-    record: dict = {"environment": capture(model_dir).model_dump(), "load": recorded_load}
-    record["rows"] = []
-    record["commits"] = list(commits.values())
+    record: dict[str, Any] = {"environment": probe_environment(tokenizer), "load": load}
+    record["commits"] = commits
     with tempfile.TemporaryDirectory(prefix="runtime-cost-") as scratch:
-        trees = {}
-        for commit in commits.values():
-            trees[commit] = Path(scratch) / commit
-            git("worktree", "add", "--detach", str(trees[commit]), commit)
+        trees = {commit: Path(scratch) / commit for commit in commits}
+        for commit, tree in trees.items():
+            git("worktree", "add", "--detach", str(tree), commit)
         try:
-            names = list(trees)
-            for index in range(opts.rounds):
-                shift = index % len(names)
-                for commit in names[shift:] + names[:shift]:
-                    with RoundWatch(quiet_window_s=2.0) as watch:
-                        result = probe(trees[commit], load)
-                    assert watch.sample is not None
-                    row = {"round": index, "commit": commit, **result}
-                    row["median_us_per_token"] = round(
-                        statistics.median(result["cpu_us_per_token"]), 2
-                    )
-                    record["rows"].append(row | {"noise": watch.sample.model_dump()})
-                    print(json.dumps(row), flush=True)
+            full = load | {"tokenizer": str(tokenizer)}
+            record["rows"] = interleaved(
+                commits, opts.rounds, lambda commit: probe(trees[commit], full), "commit"
+            )
         finally:
             for tree in trees.values():
                 git("worktree", "remove", "--force", str(tree))
-    for commit in commits.values():
+    for commit in commits:
         medians = [r["median_us_per_token"] for r in record["rows"] if r["commit"] == commit]
         print(f"{commit}: {min(medians)}–{max(medians)} µs a token over {len(medians)} rounds")
-    out_dir = new_run_dir(opts.out)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out_dir / 'results.json'}")
+    save(record, "runtime-cost")
 
 
 if __name__ == "__main__":
