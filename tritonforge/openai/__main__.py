@@ -16,6 +16,12 @@ import uvicorn
 from tritonforge.openai.app import DEFAULT_CHAT_MAX_TOKENS, create_app
 
 
+def default_metrics_url(triton_grpc: str) -> str:
+    """Triton's metrics beside its gRPC endpoint, on the port the launcher gives them."""
+    host = triton_grpc.rsplit(":", 1)[0]
+    return f"http://{host}:{os.environ.get('TRITON_METRICS_PORT', '8002')}/metrics"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tritonforge.openai",
@@ -25,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         "--triton-grpc",
         default=os.environ.get("TRITONFORGE_TRITON_GRPC", "127.0.0.1:8001"),
         help="Triton's gRPC endpoint, HOST:PORT (default 127.0.0.1:8001)",
+    )
+    parser.add_argument(
+        "--triton-metrics",
+        default=None,
+        help="Triton's metrics URL, served again on /metrics (default: the gRPC endpoint's "
+        "host, port $TRITON_METRICS_PORT or 8002, path /metrics)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9000, help="port (default 9000)")
@@ -38,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--access-log", action="store_true", help="log each request's path")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    app = create_app(args.triton_grpc, args.default_max_tokens or None)
+    metrics = args.triton_metrics or default_metrics_url(args.triton_grpc)
+    app = create_app(args.triton_grpc, args.default_max_tokens or None, triton_metrics=metrics)
     uvicorn.run(
         app,
         host=args.host,

@@ -11,6 +11,10 @@ A client that goes away cancels its Triton call (and so its engine request) whet
 was waiting for a non-streamed answer, for the first token, or reading the stream: a
 watcher waits for ASGI's ``http.disconnect`` beside the work and cancels it.
 
+``/health`` and ``/health/ready`` answer 200 while at least one model this frontend
+serves is ready (per model, not Triton's server-wide readiness); ``/metrics`` serves
+Triton's metrics on this port.
+
 While Triton is down (the launcher restarting it after a crash) every route answers
 503 with ``Retry-After``; a request in flight when it died ends with an error — a 503,
 or mid-stream an error event and ``[DONE]`` — never a hang (the gRPC call fails as the
@@ -29,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -48,7 +53,9 @@ from tritonforge.openai.errors import (
     OpenAIError,
     internal,
     invalid,
+    model_not_found,
     unavailable,
+    unreachable,
 )
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from tritonforge.openai.responses import (
@@ -256,7 +263,7 @@ class OpenAIServer:
             calls: list[ToolCall] = []
             if request.tools is not None:
                 content, calls = tools.parse(whole.text, request.tools)
-                reason = "tool_calls" if calls else reason
+                reason = request.tools.calls_finish_reason if calls else reason
             return translate.chat_completion(ids, content, reason, chat_logprobs, usage, calls)
         logprobs = None if top is None else translate.completion_logprobs(whole, len(request.echo))
         return translate.completion(ids, request.echo + whole.text, reason, logprobs, usage)
@@ -279,7 +286,10 @@ class OpenAIServer:
             whole, reason, usage = await _collect(stream, first)
             content, calls = tools.parse(whole.text, plan)
             if calls:
-                for chunk in translate.tool_call_chunks(ids, content, calls, with_usage):
+                chunks = translate.tool_call_chunks(
+                    ids, content, calls, with_usage, plan.calls_finish_reason
+                )
+                for chunk in chunks:
                     yield _sse(chunk)
             else:
                 if whole.text:
@@ -424,14 +434,32 @@ def _answer_errors_in_openai_shape(app: FastAPI) -> None:
         return error_response(internal(f"internal error ({type(error).__name__})"))
 
 
+#: Prometheus' text exposition format, as Triton's metrics endpoint answers it.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def scrape(url: str) -> bytes:
+    """Triton's metrics page at ``url``; 503 while it does not answer."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as reply:
+            if reply.status != 200:
+                raise unavailable(f"Triton's metrics at {url} answered {reply.status}")
+            return await reply.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise unreachable(url, type(exc).__name__) from None
+
+
 def create_app(
     triton_grpc: str,
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     gateway: TritonGateway | None = None,
+    triton_metrics: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving Triton at ``triton_grpc`` (HOST:PORT) the OpenAI way.
 
     ``gateway`` replaces the gRPC side (unit tests drive the routes with a fake one).
+    ``triton_metrics`` is Triton's metrics URL, served again on ``/metrics``.
     """
     gateway = gateway or TritonGateway(triton_grpc)
     server = OpenAIServer(gateway, default_max_tokens)
@@ -446,13 +474,38 @@ def create_app(
     app.state.server = server
     _answer_errors_in_openai_shape(app)
 
+    async def ready_models() -> list[str]:
+        """The models this frontend serves that are ready now; 503 while there are none.
+
+        Per model, from Triton's repository index, not Triton's own ``/v2/health/ready``:
+        Triton 2.51 answers that 400 for the whole server after any failed model load,
+        while every loaded model keeps serving (docs/compatibility.md), and a load
+        balancer would drop a healthy replica for it.
+        """
+        names = await gateway.served_models()  # 503 while Triton is not reachable
+        if not names:
+            raise unavailable(
+                f"no model of Triton at {gateway.url} is ready to serve", TRITON_DOWN_RETRY_AFTER_S
+            )
+        return names
+
     @app.get("/health")
     async def health() -> Response:
-        if await gateway.server_ready():
-            return JSONResponse({"status": "ok"})
-        return error_response(
-            unavailable(f"Triton at {gateway.url} is not ready", TRITON_DOWN_RETRY_AFTER_S)
-        )
+        await ready_models()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health/ready")
+    async def health_ready() -> Response:
+        """The readiness probe under Triton's OpenAI frontend's name, naming the models."""
+        return JSONResponse({"status": "ok", "models": await ready_models()})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Triton's Prometheus metrics (every model's families) on the API port, as vLLM's
+        server serves its own: a scraper pointed at the API finds them."""
+        if triton_metrics is None:
+            raise unavailable("this frontend was started without --triton-metrics")
+        return Response(await scrape(triton_metrics), media_type=PROMETHEUS_TEXT)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -460,6 +513,17 @@ def create_app(
         listing = translate.model_list(names, int(time.time()))
         listing.data += await server.adapters.cards(int(time.time()))
         return _json(listing)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        """One card of ``/v1/models`` (a model or a LoRA adapter), or 404 as OpenAI."""
+        created = int(time.time())
+        cards = translate.model_list(await gateway.served_models(), created).data
+        cards += await server.adapters.cards(created)
+        for card in cards:
+            if card.id == model_id:
+                return _json(card)
+        raise model_not_found(model_id)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:

@@ -45,10 +45,21 @@ class ToolPlan:
     mode: str
     #: The functions a forced answer may call.
     allowed: tuple[str, ...] = ()
+    #: The client named the one function to call (``tool_choice: {"type": "function", …}``).
+    named: bool = False
 
     @property
     def active(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def calls_finish_reason(self) -> str:
+        """The ``finish_reason`` of an answer that calls tools.
+
+        OpenAI and vLLM answer ``"stop"`` when the client named the function (the call
+        was an instruction carried out, not the model's choice), ``"tool_calls"`` else.
+        """
+        return "stop" if self.named else "tool_calls"
 
     def declared(self) -> list[dict[str, Any]]:
         """The tools as the model receives them (OpenAI's ``tools`` entries)."""
@@ -124,7 +135,7 @@ def plan(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
         )
     if name not in functions:
         raise invalid(f"tool_choice.function.name: no tool named {name!r}", "tool_choice")
-    return ToolPlan(functions, "forced", (name,))
+    return ToolPlan(functions, "forced", (name,), named=True)
 
 
 def _call(obj: Any, plan_: ToolPlan) -> ToolCall | None:

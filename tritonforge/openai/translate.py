@@ -507,10 +507,15 @@ def chat_chunk(
 
 
 def tool_call_chunks(
-    ids: ResponseIds, content: str | None, calls: Sequence[tools.ToolCall], with_usage: bool
+    ids: ResponseIds,
+    content: str | None,
+    calls: Sequence[tools.ToolCall],
+    with_usage: bool,
+    reason: str = "tool_calls",
 ) -> list[ChatCompletionChunk]:
     """A tool-calling answer's chunks, as OpenAI streams them: any content, then per call
-    a delta with its id, type and name, then one with its arguments, then the finish."""
+    a delta with its id, type and name, then one with its arguments, then the finish
+    (``reason``: see :attr:`ToolPlan.calls_finish_reason`)."""
     chunks = []
     if content:
         chunks.append(chat_chunk(ids, ChoiceDelta(content=content), with_usage=with_usage))
@@ -526,7 +531,7 @@ def tool_call_chunks(
         )
         for part in (head, body):
             chunks.append(chat_chunk(ids, ChoiceDelta(tool_calls=[part]), with_usage=with_usage))
-    chunks.append(chat_chunk(ids, ChoiceDelta(), "tool_calls", with_usage=with_usage))
+    chunks.append(chat_chunk(ids, ChoiceDelta(), reason, with_usage=with_usage))
     return chunks
 
 

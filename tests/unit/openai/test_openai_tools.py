@@ -134,12 +134,16 @@ def _outputs() -> list[ModelOutput]:
     ]
 
 
-def test_an_answer_carries_tool_calls_and_finish_reason_tool_calls() -> None:
-    body = {"model": "llm", "messages": USER, "tools": TOOLS, "tool_choice": NAMED}
+@pytest.mark.parametrize(("tool_choice", "reason"), [(NAMED, "stop"), ("required", "tool_calls")])
+def test_an_answer_carries_tool_calls_and_openai_finish_reason(
+    tool_choice: object, reason: str
+) -> None:
+    """A named function answers "stop" (OpenAI, vLLM); a call the model chose "tool_calls"."""
+    body = {"model": "llm", "messages": USER, "tools": TOOLS, "tool_choice": tool_choice}
     reply = client(FakeGateway(_outputs())).post("/v1/chat/completions", json=body)
     answer = conforms(reply.text, ChatCompletion)
     choice = answer["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["finish_reason"] == reason and choice["message"]["content"] is None
     [call] = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
@@ -166,7 +170,7 @@ def test_a_streamed_call_is_id_and_name_then_arguments_then_the_finish() -> None
         "arguments": "",
     }
     assert args == {"index": 0, "function": {"arguments": json.dumps({"city": "Rome"})}}
-    assert sent[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert sent[-2]["choices"][0]["finish_reason"] == "stop"  # a named function
     assert sent[-1]["usage"]["completion_tokens"] == 7
 
 
