@@ -20,6 +20,7 @@ OpenAI each stream asks for ``usage`` (``stream_options.include_usage``) and its
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ from pathlib import Path
 from tritonforge.bench.aiperf_driver import HttpEndpoint
 from tritonforge.bench.contract import Sampling
 from tritonforge.bench.metrics import MeasuredRequest
-from tritonforge.bench.tools import read_records, run_logged, tool_binary
+from tritonforge.bench.tools import read_records, run_logged, run_tool, tool_binary
 from tritonforge.bench.workload import BenchRequest
 
 
@@ -341,3 +342,57 @@ def _measure(
     cmd = command(data_path, export, concurrency, count)
     run = run_logged("perf_analyzer", cmd, artifacts, max_duration_s)
     return read_records(run, export, parse)
+
+
+#: Triton's own per-request times in perf_analyzer's CSV: their sum is what the server
+#: spent on a request (queue + compute), without the network and the client.
+SERVER_COLUMNS = (
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+)
+
+
+def read_server_latency(csv_path: Path) -> dict[str, float]:
+    """A non-streaming model's latency from perf_analyzer's CSV (µs), server and client."""
+    with csv_path.open() as handle:
+        row = next(csv.DictReader(handle))
+    parts = {c.lower().replace(" ", "_") + "_us": float(row[c]) for c in SERVER_COLUMNS}
+    return {
+        "server_latency_us": sum(parts.values()),
+        **parts,
+        "client_p50_latency_us": float(row["p50 latency"]),
+        "client_p99_latency_us": float(row["p99 latency"]),
+        "throughput_infer_per_s": float(row["Inferences/Second"]),
+    }
+
+
+def server_latency(
+    grpc_url: str, model: str, text: str, artifacts: Path, measurement_ms: int = 4000
+) -> dict[str, float]:
+    """One text through a non-streaming Triton model at concurrency 1 (a tokenizer, a guard).
+
+    ``-s 50``: on two cores perf_analyzer's default stability bound is never met.
+    """
+    artifacts.mkdir(parents=True, exist_ok=True)
+    data = artifacts / f"{model}_input.json"
+    data.write_text(json.dumps({"data": [{"text_input": {"content": [text], "shape": [1]}}]}))
+    out = artifacts / f"{model}.csv"
+    cmd = [
+        str(tool_binary("perf_analyzer")),
+        "-m", model,
+        "-u", grpc_url,
+        "-i", "grpc",
+        "--input-data", str(data),
+        "-b", "1",
+        "--concurrency-range", "1",
+        "--measurement-interval", str(measurement_ms),
+        "-s", "50",
+        "--max-trials", "30",
+        "-f", str(out),
+    ]  # fmt: skip
+    run = run_tool("perf_analyzer", cmd, artifacts / f"{model}.log", timeout_s=900)
+    if run.exit_code != 0 or not out.is_file():
+        raise run.failure(f"measuring {model}")
+    return read_server_latency(out)

@@ -80,3 +80,17 @@ def test_a_record_is_saved_as_a_new_run_without_machine_paths(tmp_path: Path) ->
 )
 def test_every_probe_takes_its_documented_arguments(parser: Any, argv: list[str]) -> None:
     assert parser.parse_args(argv)
+
+
+def test_a_served_probe_reads_tritons_own_latency_from_perf_analyzers_csv(tmp_path: Path) -> None:
+    from tritonforge.bench.perf_analyzer_driver import read_server_latency
+
+    csv_path = tmp_path / "m.csv"
+    csv_path.write_text(
+        "Concurrency,Inferences/Second,Server Queue,Server Compute Input,Server Compute Infer,"
+        "Server Compute Output,p50 latency,p99 latency\n1,900.5,10,20,300,5,640,900\n"
+    )
+    figures = read_server_latency(csv_path)
+    assert figures["server_latency_us"] == 335
+    assert figures["server_compute_infer_us"] == 300
+    assert (figures["client_p50_latency_us"], figures["throughput_infer_per_s"]) == (640, 900.5)

@@ -6,7 +6,7 @@ client costs cannot blur the comparison) of both models in the same server on th
 100- and 2,000-token prompts, measured by perf_analyzer; and whether the pybind11 module
 is at least as fast as HF `tokenizers` from Python.
 
-    .venv/bin/python perf/tokenizer/bench_tokenizer.py   # -> perf/results/tokenizer/<UTC>/
+    python -m tritonforge.bench.probes.tokenizer   # -> perf/results/tokenizer/<UTC>/
 
 Needs the built tokenizer (scripts/build_tokenizer.sh), the default model
 (python -m tritonforge.launch.model_store) and perf_analyzer (scripts/setup_bench_venv.sh).
@@ -15,14 +15,14 @@ Needs the built tokenizer (scripts/build_tokenizer.sh), the default model
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import subprocess
 import sys
 import time
 import timeit
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tritonforge_tokenizer as tt
 from tokenizers import Tokenizer as HfTokenizer
@@ -33,19 +33,14 @@ from tritonforge.bench.environment import (
     describe_machine,
     tritonserver_version,
 )
+from tritonforge.bench.perf_analyzer_driver import server_latency
+from tritonforge.bench.tools import tool_binary
 from tritonforge.launch.launcher import TritonServer
-from tritonforge.paths import CACHE_DIR, REPO_ROOT, new_run_dir
+from tritonforge.paths import CACHE_DIR, REPO_ROOT, make_machine_free, new_run_dir
 
 TOKENIZER_FILE = CACHE_DIR / "models" / "SmolLM2-135M-Instruct" / "tokenizer.json"
-PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
 MODELS = ("preprocessing", "preprocessing_py")
 PROMPT_TOKENS = (100, 2000)
-SERVER_COLUMNS = (
-    "Server Queue",
-    "Server Compute Input",
-    "Server Compute Infer",
-    "Server Compute Output",
-)
 
 
 def prompt_of(hf: HfTokenizer, tokens: int) -> str:
@@ -66,7 +61,7 @@ def prompt_of(hf: HfTokenizer, tokens: int) -> str:
 def python_encode_speed(text: str, hf: HfTokenizer, ours: tt.Tokenizer) -> dict[str, float]:
     """Best-of-5 mean µs per call: encode one prompt, and a 64-prompt batch."""
 
-    def best(stmt, number: int) -> float:
+    def best(stmt: Callable[[], object], number: int) -> float:
         return min(timeit.repeat(stmt, number=number, repeat=5)) / number * 1e6
 
     batch = [text] * 64
@@ -80,37 +75,7 @@ def python_encode_speed(text: str, hf: HfTokenizer, ours: tt.Tokenizer) -> dict[
     }
 
 
-def run_perf_analyzer(grpc_url: str, model: str, data: Path, out: Path) -> dict[str, float]:
-    cmd = [
-        str(PERF_ANALYZER),
-        "-m", model,
-        "-u", grpc_url,
-        "-i", "grpc",
-        "--input-data", str(data),
-        "-b", "1",
-        "--concurrency-range", "1",
-        "--measurement-interval", "4000",
-        "-s", "50",
-        "--max-trials", "30",
-        "-f", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"perf_analyzer failed on {model}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    row = next(csv.DictReader(out.open()))
-    server = sum(float(row[c]) for c in SERVER_COLUMNS)
-    return {
-        "server_latency_us": server,
-        **{c.lower().replace(" ", "_") + "_us": float(row[c]) for c in SERVER_COLUMNS},
-        "client_p50_latency_us": float(row["p50 latency"]),
-        "client_p99_latency_us": float(row["p99 latency"]),
-        "throughput_infer_per_s": float(row["Inferences/Second"]),
-    }
-
-
-def report(results: dict, env: Environment) -> str:
+def report(results: dict[str, Any], env: Environment) -> str:
     versions = {
         "tritonserver": env.tritonserver,
         **{name: env.serving_versions[name] for name in ("python", "tokenizers")},
@@ -163,15 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results" / "tokenizer")
     args = parser.parse_args(argv)
-    if not PERF_ANALYZER.exists():
-        raise SystemExit(f"{PERF_ANALYZER} missing: run scripts/setup_bench_venv.sh")
+    tool_binary("perf_analyzer")  # missing: refused before anything starts
     hf = HfTokenizer.from_file(str(TOKENIZER_FILE))
     ours = tt.Tokenizer.from_file(str(TOKENIZER_FILE))
     run_dir = new_run_dir(args.out)
     stamp = run_dir.name
     prompts = {tokens: prompt_of(hf, tokens) for tokens in PROMPT_TOKENS}
     env = capture(TOKENIZER_FILE.parent)
-    results: dict = {
+    results: dict[str, Any] = {
         "date": stamp,
         # Other work on the machine shows up here and in the spread of the numbers.
         "load_average_at_start": os.getloadavg()[0],
@@ -185,14 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready(300)
         env.tritonserver = tritonserver_version(server.http_url)
         for tokens, text in prompts.items():
-            data = run_dir / f"input_{tokens}.json"
-            data.write_text(
-                json.dumps({"data": [{"text_input": {"content": [text], "shape": [1]}}]})
-            )
             results["server"][str(tokens)] = {
-                model: run_perf_analyzer(
-                    server.grpc_url, model, data, run_dir / f"{model}_{tokens}.csv"
-                )
+                model: server_latency(server.grpc_url, model, text, run_dir / f"pa_{tokens}")
                 for model in MODELS
             }
             print(f"{tokens} tokens: {json.dumps(results['server'][str(tokens)])}", flush=True)
@@ -202,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     results["environment"] = env.model_dump(mode="json")
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (run_dir / "report.md").write_text(report(results, env))
+    make_machine_free(run_dir)
     print(report(results, env))
     return 0
 

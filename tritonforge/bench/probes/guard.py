@@ -8,29 +8,22 @@ request here. If the scan is small next to the python backend's per-request cost
 C++ guard would only save the backend difference, and guarded_chat (which calls the
 guard in-process) would gain nothing.
 
-    .venv/bin/python perf/pipelines/bench_guard.py   # -> perf/results/pipelines/guard.md
+    python -m tritonforge.bench.probes.guard   # -> perf/results/pipelines/guard.json
 """
 
 from __future__ import annotations
 
-import csv
+import functools
 import json
-import subprocess
 import tempfile
 import timeit
 from pathlib import Path
 
+from tritonforge.bench.perf_analyzer_driver import server_latency
 from tritonforge.launch.launcher import TritonServer
 from tritonforge.paths import REPO_ROOT
 from tritonforge.pipelines.guard import StreamGuard, redact
 
-PERF_ANALYZER = REPO_ROOT / ".venv-bench" / "bin" / "perf_analyzer"
-SERVER_COLUMNS = (
-    "Server Queue",
-    "Server Compute Input",
-    "Server Compute Infer",
-    "Server Compute Output",
-)
 CHAT = (
     "Hi team, please send the invoice to billing@example.com before Friday. If anything is "
     "unclear call me on +44 20 7946 0958. The refund goes to IBAN GB82 WEST 1234 5698 7654 32, "
@@ -41,13 +34,13 @@ CHAT = (
 
 def in_process() -> dict[str, float]:
     long_text = " ".join([CHAT] * 8)
-    results = {}
+    results: dict[str, float] = {}
     for name, text in (
         (f"chat_{len(CHAT)}_chars", CHAT),
         (f"long_{len(long_text)}_chars", long_text),
     ):
         runs = 200
-        seconds = timeit.timeit(lambda t=text: redact(t), number=runs) / runs
+        seconds = timeit.timeit(functools.partial(redact, text), number=runs) / runs
         results[f"redact_{name}_us"] = seconds * 1e6
 
     def stream_chunks() -> int:
@@ -65,26 +58,9 @@ def in_process() -> dict[str, float]:
     return results
 
 
-def perf_analyzer(grpc_url: str, model: str, data: Path, out: Path) -> dict[str, float]:
-    cmd = [
-        str(PERF_ANALYZER), "-m", model, "-u", grpc_url, "-i", "grpc", "--input-data", str(data),
-        "--concurrency-range", "1", "--measurement-interval", "3000", "-s", "50",
-        "--max-trials", "20", "-f", str(out),
-    ]  # fmt: skip
-    subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
-    row = next(csv.DictReader(out.open()))
-    return {
-        "server_latency_us": sum(float(row[c]) for c in SERVER_COLUMNS),
-        "server_compute_infer_us": float(row["Server Compute Infer"]),
-        "client_p50_latency_us": float(row["p50 latency"]),
-    }
-
-
 def main() -> int:
     results: dict[str, object] = {"in_process": in_process()}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "data.json"
-        data.write_text(json.dumps({"data": [{"text_input": {"content": [CHAT], "shape": [1]}}]}))
         server = TritonServer.on_free_ports(
             models=["guard", "preprocessing"], log_path=Path(tmp) / "server.log"
         )
@@ -92,8 +68,8 @@ def main() -> int:
         try:
             server.wait_ready()
             for model in ("guard", "preprocessing"):
-                results[model] = perf_analyzer(
-                    server.grpc_url, model, data, Path(tmp) / f"{model}.csv"
+                results[model] = server_latency(
+                    server.grpc_url, model, CHAT, Path(tmp), measurement_ms=3000
                 )
         finally:
             server.stop()
