@@ -3,8 +3,9 @@
 ``python -m tritonforge.bench soak`` runs the reliability suite (``make soak``),
 ``python -m tritonforge.bench storm`` the storm with a forced kill of tritonserver
 (``make storm``, ``tritonforge.bench.reliability.kill_storm``);
-``python -m tritonforge.bench ceiling --contract perf/contracts/serving-ceiling.yaml`` the
-serving-ceiling contract (``tritonforge.bench.ceiling``), ``ab`` the same contract on
+``python -m tritonforge.bench run`` on a contract of ``kind: ceiling`` (or ``ceiling``
+directly, e.g. ``--contract perf/contracts/serving-ceiling.yaml``) runs a serving-ceiling
+contract (``tritonforge.bench.ceiling``), ``ab`` the same contract on
 several commits in interleaved rounds (``tritonforge.bench.ab``).
 """
 
@@ -19,8 +20,11 @@ from tritonforge.bench.environment import ServedCodeMismatch
 
 
 def _run(args: argparse.Namespace) -> int:
+    from tritonforge.bench.ceiling import is_ceiling_contract
     from tritonforge.bench.runner import RESULTS_ROOT, run_contract
 
+    if is_ceiling_contract(args.contract):
+        return _ceiling(args)
     run_dir = run_contract(
         args.contract,
         args.set,
@@ -32,6 +36,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from tritonforge.bench.ceiling import is_ceiling_contract, load_ceiling_contract
+
+    if is_ceiling_contract(args.contract):
+        ceiling = load_ceiling_contract(args.contract, args.set)
+        print(f"{args.contract}: valid ({ceiling.name}, {len(ceiling.targets)} targets, ceiling)")
+        return 0
     contract, digest = load_contract(args.contract, args.set)
     print(
         f"{args.contract}: valid ({contract.name}, {len(contract.targets)} targets, "

@@ -102,6 +102,9 @@ class CeilingLoad(Strict):
 
 
 class CeilingContract(Strict):
+    kind: Literal["ceiling"] = Field(
+        description="marks the contract for this runner: `run` and `validate` dispatch on it"
+    )
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     model: str = Field(description="model directory under $TRITONFORGE_MODELS (recorded)")
@@ -119,6 +122,15 @@ class CeilingContract(Strict):
         if self.baseline not in {t.name for t in self.targets}:
             raise ValueError(f"baseline {self.baseline!r} is not a target")
         return self
+
+
+def is_ceiling_contract(path: Path) -> bool:
+    """Whether ``path`` declares ``kind: ceiling`` (a contract this runner reads)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError:
+        return False  # the loader that reads it names the error
+    return isinstance(data, dict) and data.get("kind") == "ceiling"
 
 
 def load_ceiling_contract(path: Path, overrides: Sequence[str] = ()) -> CeilingContract:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.unit.bench.helpers import contract_refusal
-from tritonforge.bench.ceiling import load_ceiling_contract
+from tritonforge.bench.ceiling import is_ceiling_contract, load_ceiling_contract
 from tritonforge.bench.contract import ContractError, apply_overrides, load_contract, parse_contract
 
 CONTRACTS = Path(__file__).resolve().parents[3] / "perf" / "contracts"
@@ -19,18 +19,8 @@ def smoke_data() -> dict:
     return yaml.safe_load((CONTRACTS / "smoke.yaml").read_text())
 
 
-#: Contracts another runner reads (``python -m tritonforge.bench ceiling``), checked below.
-CEILING_CONTRACTS = {
-    "serving-ceiling.yaml",
-    "serving-ceiling-per-response.yaml",
-    "response-threads.yaml",
-    "cancellation-poll.yaml",
-    "stub-instances.yaml",
-    "paced-floor.yaml",
-    "first-response-ab.yaml",
-    "serving-path-ab.yaml",
-    "serving-path-decomposition.yaml",
-}
+#: Contracts the serving-ceiling runner reads (``kind: ceiling``), checked below.
+CEILING_CONTRACTS = {p.name for p in CONTRACTS.glob("*.yaml") if is_ceiling_contract(p)}
 
 
 @pytest.mark.parametrize(
@@ -49,10 +39,13 @@ def test_shipped_ceiling_contracts_are_valid(name: str) -> None:
 
 
 def test_the_glob_finds_the_shipped_contracts() -> None:
-    """The parametrized check above must not silently run on nothing."""
+    """The parametrized checks above must not silently run on nothing."""
     assert {"smoke.yaml", "chat-mix.yaml", "engines.yaml", "openai.yaml"} <= {
         p.name for p in CONTRACTS.glob("*.yaml")
     }
+    assert {"serving-ceiling.yaml", "vllm-settings.yaml", "llamacpp-batching.yaml"} <= (
+        CEILING_CONTRACTS
+    )
 
 
 def test_pipelines_judges_each_ensemble_by_its_share_of_the_direct_ttft() -> None:

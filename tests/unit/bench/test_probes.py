@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tritonforge.bench.probes import (
+    embeddings,
     engine_settings,
     gc_pause,
     gguf_types,
@@ -76,6 +77,7 @@ def test_a_record_is_saved_as_a_new_run_without_machine_paths(tmp_path: Path) ->
         (gc_pause.build_parser(), ["--kinds", "synthetic_model"]),
         (runtime_cost.build_parser(), ["HEAD~1", "HEAD"]),
         (engine_settings.build_parser(), ["--candidate", "new:dtype=bfloat16,bind=all"]),
+        (embeddings.build_parser(), ["--rounds", "5"]),
     ],
 )
 def test_every_probe_takes_its_documented_arguments(parser: Any, argv: list[str]) -> None:

@@ -15,7 +15,7 @@ rounds with the order rotated every round:
 Every arm of every round embeds 32 texts of its own (``--words`` random words each), so
 no text is embedded twice. Per round: the foreign CPU share (tritonforge.bench.noise).
 
-    .venv/bin/python perf/embeddings.py --rounds 5
+    python -m tritonforge.bench.probes.embeddings --rounds 5
 
 Writes ``perf/results/embeddings/<UTC timestamp>/results.json`` (the server log goes to
 a temporary directory: it names this machine's paths). The rule, judged per round by the
@@ -29,27 +29,24 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tritonforge.bench.environment import capture, tritonserver_version  # noqa: E402
-from tritonforge.bench.noise import RoundWatch  # noqa: E402
-from tritonforge.bench.results import target_row  # noqa: E402
-from tritonforge.bench.workload import random_words  # noqa: E402
-from tritonforge.launch.launcher import OpenAIFrontend, TritonServer, server_environment  # noqa: E402
+from tritonforge.bench.environment import tritonserver_version
+from tritonforge.bench.probes.harness import interleaved, model_dir, probe_environment, save
+from tritonforge.bench.results import target_row
+from tritonforge.bench.workload import random_words
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 MODEL = "vllm_embedding_model"
 ARMS = ("batch", "singles", "concurrent")
 
 
-def run_arm(arm: str, base_url: str, texts: list[str]) -> dict:
+def run_arm(arm: str, base_url: str, texts: list[str]) -> dict[str, Any]:
     """One arm's wall time and the tokens the model embedded."""
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     start = time.perf_counter()
@@ -66,7 +63,7 @@ def run_arm(arm: str, base_url: str, texts: list[str]) -> dict:
     return {"wall_s": round(wall, 4), "requests": len(answers), "prompt_tokens": tokens}
 
 
-async def concurrent(base_url: str, texts: list[str]) -> list:
+async def concurrent(base_url: str, texts: list[str]) -> list[openai.types.CreateEmbeddingResponse]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     try:
         return list(
@@ -76,27 +73,22 @@ async def concurrent(base_url: str, texts: list[str]) -> list:
         await client.close()
 
 
-def measure(base_url: str, opts) -> list[dict]:
-    rows = []
+def measure(base_url: str, opts: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every arm once a round, order rotated; each arm embeds texts of its own."""
     rng = random.Random(opts.seed)
-    for index in range(opts.rounds):
-        shift = index % len(ARMS)
-        for arm in ARMS[shift:] + ARMS[:shift]:
-            texts = [random_words(rng, opts.words) for _ in range(opts.inputs)]
-            with RoundWatch(quiet_window_s=2.0) as watch:
-                result = run_arm(arm, base_url, texts)
-            assert watch.sample is not None
-            row = {"round": index, "arm": arm, **result}
-            rows.append(row | {"noise": watch.sample.model_dump()})
-            print(json.dumps(row), flush=True)
-    return rows
+
+    def arm_run(arm: str) -> dict[str, Any]:
+        texts = [random_words(rng, opts.words) for _ in range(opts.inputs)]
+        return run_arm(arm, base_url, texts)
+
+    return interleaved(list(ARMS), opts.rounds, arm_run, "arm")
 
 
-def wall(rows: list[dict], arm: str, index: int) -> float:
-    return next(r["wall_s"] for r in rows if (r["arm"], r["round"]) == (arm, index))
+def wall(rows: list[dict[str, Any]], arm: str, index: int) -> float:
+    return float(next(r["wall_s"] for r in rows if (r["arm"], r["round"]) == (arm, index)))
 
 
-def targets(rows: list[dict], rounds: int, bound: float) -> list[dict]:
+def targets(rows: list[dict[str, Any]], rounds: int, bound: float) -> list[dict[str, Any]]:
     noisy = any(r["noise"]["foreign_cpu_share_during"] > bound for r in rows)
     specs = [
         ("32 singles wall / one batch of 32 wall > 1", 1.0, "singles"),
@@ -114,22 +106,23 @@ def targets(rows: list[dict], rounds: int, bound: float) -> list[dict]:
     ]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--inputs", type=int, default=32)
     parser.add_argument("--words", type=int, default=24, help="random words per input")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-foreign-cpu-share", type=float, default=0.10)
-    parser.add_argument("--out", type=Path, default=REPO / "perf/results/embeddings")
-    opts = parser.parse_args()
-    out_dir = opts.out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    model_dir = Path(server_environment()["TRITONFORGE_MODELS"]) / "SmolLM2-135M-Instruct"
-    record: dict = {
-        "environment": capture(model_dir).model_dump(),
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = build_parser().parse_args(argv)
+    record: dict[str, Any] = {
+        "environment": probe_environment(model_dir()),
         "model": MODEL,
         "openai_sdk": openai.__version__,
-        "settings": {k: v for k, v in vars(opts).items() if k != "out"},
+        "settings": vars(opts),
     }
     with tempfile.TemporaryDirectory(prefix="embeddings-bench-") as tmp:
         started = time.monotonic()
@@ -148,10 +141,8 @@ def main() -> None:
             finally:
                 frontend.stop()
     record["targets"] = targets(record["rows"], opts.rounds, opts.max_foreign_cpu_share)
-    out_dir.mkdir(parents=True)
-    (out_dir / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record["targets"], indent=1))
-    print(f"wrote {out_dir / 'results.json'}")
+    save(record, "embeddings")
 
 
 if __name__ == "__main__":

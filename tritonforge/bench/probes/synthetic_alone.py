@@ -5,7 +5,7 @@ engine's own (drawing a token, detokenizing it, handing it over); this separates
 second. One process, one event loop, ``concurrency`` requests of ``tokens`` tokens
 consumed as the runtime would (``async for``), CPU from ``time.process_time``.
 
-    .venv/bin/python perf/floor/synthetic_alone.py [--rounds 3] > result.json
+    python -m tritonforge.bench.probes.synthetic_alone [--rounds 3] > result.json
 """
 
 from __future__ import annotations
