@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import os
 import random
@@ -117,18 +118,38 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: A ``requires.txt`` entry that is not a module: the model needs an NVIDIA GPU.
+NEEDS_NVIDIA_GPU = "nvidia-gpu"
+
+
+@functools.cache
+def nvidia_gpu() -> bool:
+    """Whether an NVIDIA GPU answers ``nvidia-smi`` (as scripts/bootstrap.sh decides)."""
+    smi = shutil.which("nvidia-smi")
+    return (
+        smi is not None and subprocess.run([smi], capture_output=True, check=False).returncode == 0
+    )
+
+
+def _present(requirement: str) -> bool:
+    if requirement == NEEDS_NVIDIA_GPU:
+        return nvidia_gpu()
+    return importlib.util.find_spec(requirement) is not None
+
+
 def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
     """Models in the repository whose engine can run on this machine.
 
-    A model may name a Python module it needs in ``requires.txt`` beside its
-    config (TensorRT-LLM on a machine without it, for example); such models are
-    left out of the default start-up rather than failing the whole server.
+    A model may name in ``requires.txt`` beside its config the Python modules it needs
+    (TensorRT-LLM on a machine without it, for example) and ``nvidia-gpu`` when it is
+    configured for an NVIDIA GPU (``vllm_model_gpu``); such models are left out of the
+    default start-up rather than failing the whole server.
     """
     names = []
     for config in sorted(repository.glob("*/config.pbtxt")):
         needs = config.parent / "requires.txt"
-        modules = needs.read_text().split() if needs.is_file() else []
-        if all(importlib.util.find_spec(m) is not None for m in modules):
+        requirements = needs.read_text().split() if needs.is_file() else []
+        if all(_present(r) for r in requirements):
             names.append(config.parent.name)
     return names
 
@@ -451,7 +472,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Arguments after -- go to tritonserver unchanged.",
     )
     parser.add_argument("--models", nargs="*", help="models to load (default: all that can run)")
-    parser.add_argument("--host", default=os.environ.get("TRITON_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("TRITON_HOST", "127.0.0.1"),
+        help="bind address of every port (default: $TRITON_HOST, else 127.0.0.1)",
+    )
     parser.add_argument(
         "--no-openai",
         action="store_true",
