@@ -22,13 +22,11 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tritonforge.paths import CACHE_DIR, REPO_ROOT
 
 
 async def _one(
@@ -63,8 +61,8 @@ async def record(requests: int, rate: float, seed: int) -> dict[str, Any]:
     from tritonforge.serving.sampling import build_sampling
     from tritonforge.serving.schema import GenerateRequest
 
-    os.environ.setdefault("TRITONFORGE_MODELS", str(REPO / ".cache" / "models"))
-    version = REPO / "model_repository" / "vllm_model" / "1"
+    os.environ.setdefault("TRITONFORGE_MODELS", str(CACHE_DIR / "models"))
+    version = REPO_ROOT / "model_repository" / "vllm_model" / "1"
     engine = VllmEngine.from_config(load_engine_config(version, "model.json"), version)
     await engine.start()
     rng = random.Random(seed)
@@ -90,7 +88,9 @@ async def record(requests: int, rate: float, seed: int) -> dict[str, Any]:
         "green",
         "valleys",
     ]
-    jobs, rows, arrival = [], [], 0.0
+    jobs: list[Any] = []
+    rows: list[dict[str, Any]] = []
+    arrival = 0.0
     t0 = time.perf_counter()
     for i in range(requests):
         arrival += rng.expovariate(rate)

@@ -20,6 +20,7 @@ import collections
 import json
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -27,14 +28,14 @@ import triton_python_backend_utils as pb_utils
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _max_tokens(request) -> int:
+def _max_tokens(request: Any) -> int:
     tensor = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
     if tensor is None:
         return 16
     return int(json.loads(tensor.as_numpy().reshape(-1)[0]).get("max_tokens", 16))
 
 
-def _token_tensors(count: int = 1) -> list:
+def _token_tensors(count: int = 1) -> list[Any]:
     return [
         pb_utils.Tensor("text_output", np.array([b" tok" * count], dtype=np.object_)),
         pb_utils.Tensor("num_output_tokens", np.array([count], dtype=np.uint32)),
@@ -42,28 +43,28 @@ def _token_tensors(count: int = 1) -> list:
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         parameters = json.loads(args["model_config"]).get("parameters", {})
 
         def parameter(key: str, default: str) -> str:
-            return parameters.get(key, {}).get("string_value", default)
+            return str(parameters.get(key, {}).get("string_value", default))
 
         self.build = parameter("build_tensors", "false").lower() == "true"
         threads = int(parameter("sender_threads", "0"))
         self.step_s = float(parameter("step_ms", "0")) / 1000
         if self.step_s > 0 and threads > 0:
             raise ValueError("step_ms paces a thread per request: set sender_threads to 0")
-        self.batches: dict[int, list] = {}  # tensors of a response carrying n tokens, by n
+        self.batches: dict[int, list[Any]] = {}  # tensors of a response carrying n tokens, by n
         self.pooled = threads > 0
         self.ready = threading.Condition()
-        self.waiting = collections.deque()  # (sender, tokens left), for the pool
+        self.waiting: collections.deque[tuple[Any, int]] = collections.deque()  # the pool's
         for index in range(threads):
             threading.Thread(target=self._pool_sender, name=f"sender-{index}", daemon=True).start()
 
-    def _tensors(self, reused: list) -> list:
+    def _tensors(self, reused: list[Any]) -> list[Any]:
         return _token_tensors() if self.build else reused
 
-    def _stream(self, sender, count: int) -> None:
+    def _stream(self, sender: Any, count: int) -> None:
         """A thread of one request: all its responses."""
         if self.step_s > 0:
             self._stream_paced(sender, count)
@@ -73,7 +74,7 @@ class TritonPythonModel:
             response = pb_utils.InferenceResponse(output_tensors=self._tensors(reused))
             sender.send(response, flags=FINAL if i == count - 1 else 0)
 
-    def _stream_paced(self, sender, count: int) -> None:
+    def _stream_paced(self, sender: Any, count: int) -> None:
         """A thread of one request whose token i falls due (i + 1) steps after its start."""
         start, sent = time.monotonic(), 0
         while sent < count:
@@ -101,7 +102,7 @@ class TritonPythonModel:
                 with self.ready:
                     self.waiting.append((sender, left - 1))
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
