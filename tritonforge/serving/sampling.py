@@ -261,6 +261,14 @@ ACCEPTED_KEYS = tuple(sorted(_SPECS))
 SAMPLING_KEYS = tuple(sorted(_SPECS, key=len, reverse=True))
 
 
+def range_rules() -> dict[str, str]:
+    """Every key's range rule (keys without a range left out), as errors word it.
+
+    docs/compatibility.md lists them; a unit test holds the page to this table.
+    """
+    return {key: rule for key, (_, check, rule) in _SPECS.items() if check is not None}
+
+
 def parse_sampling_value(key: str, raw_value: Any, name: str) -> Any:
     """Validate one value of the vocabulary's ``key``; errors name ``name``.
 
