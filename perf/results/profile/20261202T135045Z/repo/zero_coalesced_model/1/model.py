@@ -1,1 +1,0 @@
-../../zero_model/1/model.py

@@ -1,1 +1,0 @@
-../../zero_old_model/1/model.py
