@@ -28,7 +28,8 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import psutil
 import requests
 
+from tritonforge.launch.stream_probe import PROBE_MODEL, STREAMS_STALLED, StreamProbe
 from tritonforge.launch.supervisor import RestartPolicy, Supervisor, remove_files, shm_regions
 from tritonforge.paths import CACHE_DIR, MODEL_REPOSITORY, REPO_ROOT
 
@@ -154,11 +156,16 @@ def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
     return names
 
 
+#: libc's prctl, looked up here: the launcher starts processes from several threads, and
+#: a child between fork and exec must not load a library (the loader's lock may have
+#: been held by another thread at the fork).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _terminate_with_parent() -> None:
     """In the child before exec: SIGTERM the server if the launcher dies, even by SIGKILL."""
-    libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    _PRCTL(pr_set_pdeathsig, signal.SIGTERM)
 
 
 #: Ports picked here come from [PORT_FLOOR, the OS's ephemeral range) (see free_port).
@@ -246,6 +253,13 @@ def stop_session(
     return process.returncode
 
 
+def answers(url: str, statuses: Container[int] = (200,), timeout_s: float = 2.0) -> bool:
+    """Does ``url`` answer a GET with one of ``statuses``?"""
+    with contextlib.suppress(requests.RequestException):
+        return requests.get(url, timeout=timeout_s).status_code in statuses
+    return False
+
+
 def wait_until_ready(
     process: subprocess.Popen | None,
     url: str,
@@ -253,8 +267,10 @@ def wait_until_ready(
     timeout_s: float,
     poll_s: float = 0.5,
     on_exit: Callable[[], str] = lambda: "",
+    statuses: Container[int] = (200,),
 ) -> None:
-    """Poll ``url`` until it answers 200; fail at once if ``process`` exits first.
+    """Poll ``url`` until it answers with one of ``statuses``; fail at once if
+    ``process`` exits first.
 
     ``on_exit`` adds detail (a log tail) to the error of a process that died.
     """
@@ -262,9 +278,8 @@ def wait_until_ready(
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode}{on_exit()}")
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(url, timeout=2).status_code == 200:
-                return
+        if answers(url, statuses):
+            return
         time.sleep(poll_s)
     raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
 
@@ -338,9 +353,16 @@ class TritonServer:
             preexec_fn=_terminate_with_parent,
         )
 
+    @property
+    def ready_url(self) -> str:
+        return f"http://{self.http_url}/v2/health/ready"
+
     def wait_ready(self, timeout_s: float = 600.0) -> None:
-        url = f"http://{self.http_url}/v2/health/ready"
-        wait_until_ready(self.process, url, "tritonserver", timeout_s)
+        wait_until_ready(self.process, self.ready_url, "tritonserver", timeout_s)
+
+    def is_ready(self) -> bool:
+        """Ready now (one readiness request, at most 2 s)?"""
+        return self.process is not None and self.process.poll() is None and answers(self.ready_url)
 
     def descendants(self) -> list[psutil.Process]:
         """The server's live child processes: stubs and the engine processes they start."""
@@ -442,9 +464,28 @@ class OpenAIFrontend:
             preexec_fn=_terminate_with_parent,
         )
 
+    @property
+    def health_url(self) -> str:
+        return f"http://{_client_host(self.host)}:{self.port}/health"
+
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        url = f"http://{_client_host(self.host)}:{self.port}/health"
-        wait_until_ready(self.process, url, "the OpenAI frontend", timeout_s, poll_s=0.2)
+        """Until it serves: up, with a model of a ready Triton to serve."""
+        wait_until_ready(
+            self.process, self.health_url, "the OpenAI frontend", timeout_s, poll_s=0.2
+        )
+
+    def wait_up(self, timeout_s: float = 60.0) -> None:
+        """Until it answers its health check at all — 503 included, its answer while
+        Triton is down or serves no LLM model: its own start-up is done, whatever
+        Triton's state (the launcher watches that)."""
+        wait_until_ready(
+            self.process,
+            self.health_url,
+            "the OpenAI frontend",
+            timeout_s,
+            poll_s=0.2,
+            statuses=(200, 503),
+        )
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         return stop_session(self.process, timeout_s) if self.process is not None else None
@@ -495,6 +536,27 @@ def _parser() -> argparse.ArgumentParser:
         default=RestartPolicy.window_s,
         help=f"seconds (default {RestartPolicy.window_s:.0f})",
     )
+    probe = StreamProbe()
+    parser.add_argument(
+        "--stream-probe-period",
+        type=float,
+        default=probe.period_s,
+        help="seconds between two probes of a ready tritonserver's gRPC streams (one request "
+        f"to {PROBE_MODEL} on a new stream; default {probe.period_s:.0f}; 0: no probe)",
+    )
+    parser.add_argument(
+        "--stream-probe-timeout",
+        type=float,
+        default=probe.timeout_s,
+        help=f"seconds a probe's stream may take to answer (default {probe.timeout_s:.0f})",
+    )
+    parser.add_argument(
+        "--stream-probe-failures",
+        type=int,
+        default=probe.failures,
+        help="probes failed in a row that restart tritonserver like a crash, counted as "
+        f"cause {STREAMS_STALLED!r} (default {probe.failures}; 0: no probe)",
+    )
     return parser
 
 
@@ -510,12 +572,47 @@ def _ready_line(server: TritonServer, frontend: OpenAIFrontend | None, metrics_p
     )
 
 
+def _until_serving(supervisor: Supervisor, supervision: Future[int]) -> bool:
+    """Wait until tritonserver is ready (True) or the supervisor has ended (False)."""
+    while not supervisor.serving.wait(0.5):
+        if supervision.done():
+            return False
+    return True
+
+
+def _serve(
+    supervisor: Supervisor, frontend: OpenAIFrontend | None, announce: Callable[[], None]
+) -> int:
+    """Supervise tritonserver from its first start, bring the frontend up beside it, and
+    ``announce`` once both serve; the supervisor's outcome.
+
+    The supervisor runs on a thread of its own from the start, so a server that dies at
+    any stage of start-up — loading, or ready while the frontend comes up — is restarted
+    like any other crash. The frontend starts once tritonserver first is ready (it has
+    nothing to serve before) and must be up within its own bound, whatever Triton does
+    meanwhile; the ready line waits for Triton to be ready again if it died.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="supervisor") as pool:
+        supervision = pool.submit(supervisor.run)
+        try:
+            if frontend is not None and _until_serving(supervisor, supervision):
+                frontend.start()
+                frontend.wait_up()
+            if _until_serving(supervisor, supervision):
+                announce()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    return supervision.result(timeout=1.0)
+        finally:
+            supervisor.stop()  # a no-op once it returned; else ends the server it runs
+
+
 def main(argv: list[str] | None = None) -> int:
     """``make serve``: tritonserver under a :class:`Supervisor`, the OpenAI API beside it.
 
-    Ctrl-C or SIGTERM stops everything (no restart); an unexpected exit of tritonserver
-    is restarted (see tritonforge/launch/supervisor.py) while the OpenAI frontend keeps
-    running and answers 503 meanwhile.
+    Ctrl-C or SIGTERM stops everything (no restart); an unexpected exit of tritonserver,
+    from its start on, is restarted (see tritonforge/launch/supervisor.py) while the
+    OpenAI frontend keeps running and answers 503 meanwhile.
     """
     args, extra = _parser().parse_known_args(argv)
     from tritonforge.launch.model_store import ensure_default_model
@@ -537,7 +634,12 @@ def main(argv: list[str] | None = None) -> int:
             host=server.host,
         )
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
-    supervisor = Supervisor(server, policy)
+    probe = StreamProbe(
+        period_s=args.stream_probe_period,
+        timeout_s=args.stream_probe_timeout,
+        failures=args.stream_probe_failures,
+    )
+    supervisor = Supervisor(server, policy, streams=probe)
     metrics_port = _port("TRITONFORGE_LAUNCHER_METRICS_PORT", 8003)
 
     def _terminate(signum: int, _frame: object) -> None:
@@ -546,12 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         supervisor.metrics.serve("127.0.0.1", metrics_port)
-        supervisor.start()
-        if frontend is not None:
-            frontend.start()
-            frontend.wait_ready()
-        print(_ready_line(server, frontend, metrics_port), flush=True)
-        return supervisor.run()
+        ready_line = _ready_line(server, frontend, metrics_port)
+        return _serve(supervisor, frontend, lambda: print(ready_line, flush=True))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -3,8 +3,10 @@
 Triton 2.51 (r24.10, the server the nvidia-pytriton wheel ships) can die under ordinary
 client behaviour — upstream fixed segfaults in its cancellation paths only in later
 releases (README.md, "Reliability") — and no newer server binary installs from a
-package registry. So ``make serve``'s launcher watches the server process and, when it
-exits without having been asked to, starts it again:
+package registry. So ``make serve``'s launcher watches the server process from the
+moment it starts it — while it loads its models, while the rest of the launcher comes up
+and once everything serves, one set of rules for all of them (a segfault was seen 19 s
+after a start) — and, when it exits without having been asked to, starts it again:
 
 - after a bounded exponential backoff (a server that dies at once is not restarted in a
   tight loop), and at most ``max_restarts`` times per ``window_s`` (past that the
@@ -26,6 +28,11 @@ dead in two polls in a row makes the supervisor end the server and restart it li
 other crash (cause ``model stub died``; killed, since a SIGTERM would wait out the exit
 timeout for requests that cannot end): its clients get an error instead of a hang.
 
+A server that stops answering gRPC streams while its process lives on is ended and
+restarted the same way (cause ``gRPC streams stalled``, see
+:mod:`tritonforge.launch.stream_probe`), and so is one not ready ``start_timeout_s``
+after its start (a hang while loading).
+
 An exit with code 0 is a deliberate stop (tritonserver exits 0 after a SIGTERM or
 SIGINT it was sent directly) and is not restarted; neither is anything after
 :meth:`Supervisor.stop`, which is how the launcher's own Ctrl-C / SIGTERM ends it.
@@ -37,6 +44,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -45,6 +53,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from tritonforge.launch.stream_probe import STREAMS_STALLED, StreamProbe
 
 #: Repository index states that mean "this model is (being) served": a model still
 #: LOADING when the server died was asked for, so it is asked for again.
@@ -62,7 +72,9 @@ class Supervised(Protocol):
 
     def start(self) -> None: ...
 
-    def wait_ready(self) -> None: ...
+    def is_ready(self) -> bool:
+        """Ready now? Asked once per poll; must answer within a few seconds."""
+        ...
 
     def stop(self) -> int | None: ...
 
@@ -209,37 +221,50 @@ def _log(message: str) -> None:
 
 @dataclass
 class Supervisor:
-    """Run ``server`` until a deliberate stop, restarting it after an unexpected exit."""
+    """Start ``server`` and keep it serving until a deliberate stop.
+
+    :meth:`run` does both, so a server that dies while it loads its models, or before the
+    rest of the launcher is up, falls under the same restart rules as one that dies after
+    hours of serving. :attr:`serving` is set while the running server is ready: the
+    launcher waits on it rather than on the server itself.
+    """
 
     server: Supervised
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     metrics: SupervisorMetrics = field(default_factory=SupervisorMetrics)
     poll_s: float = 2.0
+    #: Readiness is asked this often while the server loads (a faster start-up line).
+    ready_poll_s: float = 0.5
+    #: A server not ready this long after its start is taken for hung and restarted.
+    start_timeout_s: float = 600.0
+    streams: StreamProbe = field(default_factory=StreamProbe)
     read_models: Callable[[str], list[str] | None] = served_models
     find_dead: Callable[[int], set[int]] = dead_children
     log: Callable[[str], None] = _log
-    sleep: Callable[[float], None] = time.sleep
+    #: Waits out a restart's backoff; by default until the delay passes or :meth:`stop`.
+    sleep: Callable[[float], object] | None = None
     #: Models to load at the next start: the last set seen served.
     models: list[str] | None = None
     exits: list[str] = field(default_factory=list)
     #: Shared-memory files the running server maps (removed once it has died).
     regions: set[str] = field(default_factory=set)
-    _stopping: bool = False
-
-    def start(self) -> None:
-        """The first start: as configured, ready before this returns."""
-        self.server.start()
-        self.server.wait_ready()
-        self.metrics.up.set(1)
-        self._track_models()
+    serving: threading.Event = field(default_factory=threading.Event)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+    #: Held while the server is started or stopped: a stop from another thread never
+    #: races a (re)start, so nothing is started after :meth:`stop`.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self) -> int:
-        """Watch the server; return 0 after a deliberate stop, 1 once the restart limit
-        is reached."""
+        """Start the server and watch it; return 0 after a deliberate stop, 1 once the
+        restart limit is reached."""
+        died: float | None = None
+        if not self._start(self.server.models):
+            return 0
         while True:
-            code = self._watch()
+            code = self._watch(died)
+            self.serving.clear()
             self.metrics.up.set(0)
-            if self._stopping or code == 0:
+            if self._stopped.is_set() or code == 0:
                 return 0
             died = time.monotonic()
             cause = code if isinstance(code, str) else exit_cause(code)
@@ -251,39 +276,93 @@ class Supervisor:
                     f"{self.policy.window_s:.0f} s already: giving up"
                 )
                 return 1
-            if not self._restart(cause, delay, died):
+            if not self._restart(cause, delay):
                 return 0  # stopped on purpose while restarting
 
     def stop(self) -> None:
-        """A deliberate stop: no restart after this, the server stops (and its group)."""
-        self._stopping = True
-        self.server.stop()
+        """A deliberate stop, from any thread: no restart after this, the server stops
+        (and its group)."""
+        with self._lock:
+            self._stopped.set()
+            self.server.stop()
 
-    def _watch(self) -> int | str:
-        """Wait for the server to exit (its exit code), reading its served models every
-        ``poll_s``; or end it once a child of it is seen dead twice (:data:`STUB_DIED`).
-        A stub Triton stops on purpose is reaped at once, so one sighting is not enough."""
+    def _start(self, models: Sequence[str] | None) -> bool:
+        """Start the server with ``models``; False if a deliberate stop came first."""
+        with self._lock:
+            if self._stopped.is_set():
+                return False
+            self.server.models = models
+            self.server.start()
+            return True
+
+    def _watch(self, died: float | None) -> int | str:
+        """Wait for the server to exit (its exit code), from its start on.
+
+        Each poll while it loads asks whether it is ready yet; each poll reads its served
+        models and looks for dead children; once ready, the stream probe runs when due.
+        The server is ended here — the cause returned — once a child of it is seen dead
+        twice (:data:`STUB_DIED`: a stub Triton stops on purpose is reaped at once, so
+        one sighting is not enough), once its streams fail the probe's threshold
+        (:data:`STREAMS_STALLED`), or if it is not ready ``start_timeout_s`` after its
+        start. ``died`` is when the server this one replaces died (None at the first
+        start): its recovery time is measured from there.
+        """
         process = self.server.process
+        started = time.monotonic()
+        ready = False
         dead: set[int] = set()
         while True:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                return process.wait(timeout=self.poll_s)
-            if self._stopping:  # stop() came from another thread while it (re)started
-                self.server.stop()
-                continue
+                return process.wait(timeout=self.poll_s if ready else self.ready_poll_s)
+            if self._stopped.is_set():
+                continue  # stop() is ending it: its exit comes next
+            if not ready:
+                if self.server.is_ready():
+                    ready = True
+                    self._ready(died)
+                elif time.monotonic() - started > self.start_timeout_s:
+                    return self._end(process, f"not ready after {self.start_timeout_s:.0f} s")
             self._track_models()
             seen = self.find_dead(process.pid)
             if still := seen & dead:
-                self.log(
-                    f"{STUB_DIED} (pid {', '.join(map(str, sorted(still)))}): killing "
-                    "tritonserver, whose requests to that model would never end"
-                )
-                # Not SIGTERM: the server would wait its whole exit timeout for them.
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                process.wait()
-                return STUB_DIED
+                pids = ", ".join(map(str, sorted(still)))
+                return self._end(process, STUB_DIED, f" (pid {pids})")
             dead = seen
+            if ready and self.streams.due(time.monotonic()) and self._streams_stalled(process):
+                return self._end(process, STREAMS_STALLED)
+
+    def _ready(self, died: float | None) -> None:
+        self.metrics.up.set(1)
+        self.streams.begin(time.monotonic())
+        self.serving.set()
+        if died is not None:
+            self.metrics.recovery.set(time.monotonic() - died)
+            self.log(
+                f"tritonserver is serving again, {time.monotonic() - died:.1f} s after it died"
+            )
+
+    def _streams_stalled(self, process: Any) -> bool:
+        """Run the stream probe; True once it has failed its threshold in a row. A probe
+        that failed because the server exited meanwhile is not counted: the exit is."""
+        answered = self.streams.run(self.server.grpc_url, time.monotonic())
+        if process.poll() is not None or self._stopped.is_set():
+            return False
+        stalled = self.streams.record(answered)
+        if not answered:
+            self.log(
+                f"a gRPC stream got no answer within {self.streams.timeout_s:.0f} s "
+                f"({self.streams.failed} of {self.streams.failures} in a row)"
+            )
+        return stalled
+
+    def _end(self, process: Any, cause: str, detail: str = "") -> str:
+        """Kill a server that lives on but cannot serve, and return ``cause``."""
+        self.log(f"{cause}{detail}: killing tritonserver, whose requests would never end")
+        # Not SIGTERM: the server would wait its whole exit timeout for those requests.
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        process.wait()
+        return cause
 
     def _track_models(self) -> None:
         seen = self.read_models(self.server.grpc_url)
@@ -291,30 +370,20 @@ class Supervisor:
             self.models = seen
         self.regions |= shm_regions(self.server.process.pid)
 
-    def _restart(self, cause: str, delay: float, died: float) -> bool:
+    def _restart(self, cause: str, delay: float) -> bool:
         """Clear the dead server's group, wait ``delay``, start it with the models it
-        served; False if a deliberate stop came meanwhile. A server that dies again while
-        loading is left to the next round of :meth:`run`."""
+        served; False if a deliberate stop came meanwhile. Its readiness, or another
+        death, is :meth:`_watch`'s to see."""
         self.metrics.restarts.labels(cause=cause).inc()
         models = self.models if self.models is not None else self.server.models
         self.log(
             f"tritonserver died ({cause}); restart {len(self.exits)} in {delay:.1f} s "
             f"with models: {', '.join(models or []) or '(none)'}"
         )
-        self.server.stop()  # its stubs and engine processes outlive it: end them first
+        with self._lock:
+            self.server.stop()  # its stubs and engine processes outlive it: end them first
         if removed := remove_files(self.regions):
             self.log(f"removed {removed} shared-memory region(s) the dead server left")
         self.regions = set()
-        self.sleep(delay)
-        if self._stopping:
-            return False
-        self.server.models = models
-        self.server.start()
-        try:
-            self.server.wait_ready()
-        except RuntimeError:
-            return not self._stopping  # exited while loading: _watch sees its exit code
-        self.metrics.up.set(1)
-        self.metrics.recovery.set(time.monotonic() - died)
-        self.log(f"tritonserver is serving again, {time.monotonic() - died:.1f} s after it died")
-        return True
+        (self.sleep or self._stopped.wait)(delay)
+        return self._start(models)

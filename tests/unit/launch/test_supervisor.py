@@ -1,9 +1,8 @@
 """The launcher's supervisor against a stand-in server process that really crashes.
 
-The stand-in is a shell leading its own session with a background child that ignores
-SIGTERM (a server with a stub), which then dies by a real signal or exit code: what the
-supervisor sees of a crashing tritonserver. The real server under the launcher is
-killed in tests/e2e/test_crash_recovery.py; these cover the policy fast.
+The stand-ins (tests/unit/launch/standins.py) are shells that die by a real signal or
+exit code. The real server under the launcher is killed in
+tests/e2e/test_crash_recovery.py; these cover the policy fast.
 """
 
 from __future__ import annotations
@@ -11,84 +10,30 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import requests
 
-from tritonforge.launch.launcher import free_port, session_processes, stop_session
+from tests.unit.launch.standins import (
+    CRASH_SEGV,
+    EXIT_3,
+    SERVE,
+    StandIn,
+    in_thread,
+    supervise,
+    wait_for,
+)
+from tritonforge.launch.launcher import free_port, session_processes
 from tritonforge.launch.supervisor import (
     STUB_DIED,
     RestartPolicy,
-    Supervisor,
     SupervisorMetrics,
     dead_children,
     exit_cause,
     served_models,
 )
-
-#: A child left behind in the session (ignores SIGTERM), then the leader's end.
-CRASH_SEGV = "(trap '' TERM; sleep 60) & sleep 0.2; kill -SEGV $$"
-EXIT_3 = "sleep 0.2; exit 3"
-SERVE = "(trap '' TERM; sleep 60) & sleep 60"
-
-
-@dataclass
-class StandIn:
-    """A server whose n-th start runs ``scripts[n]`` (the last one for every later start)."""
-
-    scripts: Sequence[str]
-    models: Sequence[str] | None = None
-    process: subprocess.Popen | None = None
-    starts: list[Sequence[str] | None] = field(default_factory=list)
-    sessions: list[int] = field(default_factory=list)
-    grpc_url: str = "127.0.0.1:1"
-
-    def start(self) -> None:
-        script = self.scripts[min(len(self.starts), len(self.scripts) - 1)]
-        self.process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
-        self.sessions.append(self.process.pid)
-        self.starts.append(self.models)
-
-    def wait_ready(self) -> None:
-        pass
-
-    def stop(self) -> int | None:
-        return stop_session(self.process, timeout_s=5) if self.process is not None else None
-
-
-def supervise(server: StandIn, **settings) -> tuple[Supervisor, list[float]]:
-    delays: list[float] = []
-    policy = RestartPolicy(initial_backoff_s=0.5, max_backoff_s=1.0, max_restarts=3, window_s=60)
-    supervisor = Supervisor(
-        server,
-        settings.pop("policy", policy),
-        poll_s=0.05,
-        read_models=settings.pop("read_models", lambda _url: None),
-        find_dead=settings.pop("find_dead", lambda _pid: set()),
-        log=lambda _message: None,
-        sleep=delays.append,  # the backoff is recorded, not waited
-        **settings,
-    )
-    return supervisor, delays
-
-
-def in_thread(supervisor: Supervisor) -> tuple[threading.Thread, dict]:
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("code", supervisor.run()))
-    thread.start()
-    return thread, outcome
-
-
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_exit_cause_names_the_signal_or_the_code() -> None:
@@ -111,8 +56,7 @@ def test_backoff_doubles_up_to_its_cap_and_the_window_limits_restarts() -> None:
 def test_a_crashed_server_is_restarted_with_backoff_and_counted_by_cause() -> None:
     server = StandIn([CRASH_SEGV, EXIT_3, SERVE], models=["a"])
     supervisor, delays = supervise(server)
-    supervisor.start()
-    thread, outcome = in_thread(supervisor)
+    thread, outcome = in_thread(supervisor.run)
     try:
         wait_for(lambda: len(server.starts) == 3)
         assert supervisor.exits == ["SIGSEGV", "exit code 3"]
@@ -134,7 +78,6 @@ def test_a_crashed_server_is_restarted_with_backoff_and_counted_by_cause() -> No
 def test_restarts_stop_at_the_windows_limit() -> None:
     server = StandIn([EXIT_3])
     supervisor, delays = supervise(server)
-    supervisor.start()
     assert supervisor.run() == 1  # gave up
     assert len(server.starts) == 4  # the first start and 3 restarts
     assert delays == [0.5, 1.0, 1.0]
@@ -145,8 +88,7 @@ def test_restarts_stop_at_the_windows_limit() -> None:
 def test_a_deliberate_stop_is_not_restarted() -> None:
     server = StandIn([SERVE])
     supervisor, delays = supervise(server)
-    supervisor.start()
-    thread, outcome = in_thread(supervisor)
+    thread, outcome = in_thread(supervisor.run)
     time.sleep(0.2)
     supervisor.stop()
     thread.join(10)
@@ -159,7 +101,6 @@ def test_a_clean_exit_is_taken_as_a_stop() -> None:
     # tritonserver exits 0 only when it was told to stop (SIGTERM/SIGINT sent to it).
     server = StandIn(["sleep 0.1; exit 0"])
     supervisor, delays = supervise(server)
-    supervisor.start()
     assert supervisor.run() == 0
     assert len(server.starts) == 1 and delays == []
 
@@ -175,8 +116,7 @@ def test_a_restart_loads_the_models_served_at_the_crash() -> None:
 
     server = StandIn(["sleep 0.4; kill -SEGV $$", SERVE], models=["a"])
     supervisor, _ = supervise(server, read_models=read_models)
-    supervisor.start()
-    thread, _ = in_thread(supervisor)
+    thread, _ = in_thread(supervisor.run)
     try:
         wait_for(lambda: len(server.starts) == 2)
         assert server.starts[1] == ["b", "c"]
@@ -189,8 +129,7 @@ def test_an_unanswered_index_keeps_the_last_known_models() -> None:
     answers = iter([["a", "b"]])
     server = StandIn(["sleep 0.3; kill -KILL $$", SERVE], models=["a"])
     supervisor, _ = supervise(server, read_models=lambda _url: next(answers, None))
-    supervisor.start()
-    thread, _ = in_thread(supervisor)
+    thread, _ = in_thread(supervisor.run)
     try:
         wait_for(lambda: len(server.starts) == 2)
         assert server.starts[1] == ["a", "b"]
@@ -226,8 +165,7 @@ def test_the_dead_servers_shared_memory_is_removed() -> None:
     )
     server = StandIn([f"exec {crash}", SERVE])
     supervisor, _ = supervise(server)
-    supervisor.start()
-    thread, _ = in_thread(supervisor)
+    thread, _ = in_thread(supervisor.run)
     try:
         wait_for(lambda: len(server.starts) == 2)
         assert supervisor.exits == ["SIGSEGV"]
@@ -247,8 +185,7 @@ def test_a_child_dead_in_two_polls_restarts_the_server_as_a_dead_stub() -> None:
     sightings = iter([set(), {41}, {42}, {42}])
     server = StandIn([SERVE, SERVE], models=["a"])
     supervisor, _delays = supervise(server, find_dead=lambda _pid: next(sightings, set()))
-    supervisor.start()
-    thread, _outcome = in_thread(supervisor)
+    thread, _outcome = in_thread(supervisor.run)
     try:
         wait_for(lambda: len(server.starts) == 2)
         assert supervisor.exits == [STUB_DIED]  # 41 was seen once, 42 twice
