@@ -2,7 +2,7 @@
 # Run the cross-engine conformance suite against a GPU engine in NVIDIA's Triton image.
 #
 #   docker/run_gpu_tests.sh                # TensorRT-LLM: tensorrt_llm_model
-#   ENGINE=vllm docker/run_gpu_tests.sh    # vLLM on GPU:  vllm_model
+#   ENGINE=vllm docker/run_gpu_tests.sh    # vLLM on GPU:  vllm_model (the image serves vllm_model_gpu's settings under that name)
 #   TRITON_VERSION=25.10 docker/run_gpu_tests.sh
 #
 # On the host it builds docker/Dockerfile.$ENGINE and reruns itself inside the

@@ -29,13 +29,15 @@ apt_install libpython3.11 cmake g++ make nlohmann-json3-dev
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 
+# An NVIDIA host gets the official CUDA build of the vLLM version the CPU lock tests
+# (never run on a GPU by this project); both locks install --no-deps (see their headers).
+# The launcher loads vllm_model_gpu where nvidia-smi answers, as decided here.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
-  lock=requirements/serve-gpu.in
-  install=("$VENV/bin/pip" install -r "$lock")
+  lock=requirements/serve-gpu.lock
 else
   lock=requirements/serve.lock
-  install=("$VENV/bin/pip" install --no-deps -r "$lock")
 fi
+install=("$VENV/bin/pip" install --no-deps -r "$lock")
 # Beside the serving lock: the tokenizer's build tools, the benchmark runner's plotting
 # and the type checker `make lint` runs.
 extras=(requirements/tokenizer.txt requirements/perf.txt requirements/dev.txt)
