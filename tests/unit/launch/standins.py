@@ -79,8 +79,8 @@ class FrontendStandIn:
 
 
 def supervise(server: StandIn, **settings: Any) -> tuple[Supervisor, list[float]]:
-    """A supervisor polling fast, its backoff recorded rather than waited, no stream probe
-    unless given one."""
+    """A supervisor polling fast, its backoff recorded rather than waited (unless given a
+    ``sleep``), no stream probe unless given one."""
     delays: list[float] = []
     policy = RestartPolicy(initial_backoff_s=0.5, max_backoff_s=1.0, max_restarts=3, window_s=60)
     supervisor = Supervisor(
@@ -92,7 +92,7 @@ def supervise(server: StandIn, **settings: Any) -> tuple[Supervisor, list[float]
         read_models=settings.pop("read_models", lambda _url: None),
         find_dead=settings.pop("find_dead", lambda _pid: set()),
         log=settings.pop("log", lambda _message: None),
-        sleep=delays.append,
+        sleep=settings.pop("sleep", delays.append),
         **settings,
     )
     return supervisor, delays
