@@ -2,7 +2,7 @@
 
 Triton 2.51 (r24.10, the server the nvidia-pytriton wheel ships) can die under ordinary
 client behaviour — upstream fixed segfaults in its cancellation paths only in later
-releases (README.md, "Reliability") — and no newer server binary installs from a
+releases (docs/features/reliability.md) — and no newer server binary installs from a
 package registry. So ``make serve``'s launcher watches the server process from the
 moment it starts it — while it loads its models, while the rest of the launcher comes up
 and once everything serves, one set of rules for all of them (a segfault was seen 19 s

@@ -8,7 +8,7 @@ it is validated against a small JSON schema of the fields used (a subset of the
 operator's CRD, closed to other fields). The Kustomization is checked for structure
 and, where kubectl is installed, rendered offline with ``kubectl kustomize``.
 Nothing here talks to a cluster: what a scheduler, a GPU or prometheus-adapter would do
-is not tested (see README.md, "Deploying on Kubernetes").
+is not tested (see deploy/k8s/README.md, "What was validated, what was not").
 """
 
 from __future__ import annotations
