@@ -144,7 +144,8 @@ class SupervisorMetrics:
         self.registry = CollectorRegistry()
         self.restarts = Counter(
             "tritonforge_tritonserver_restarts",
-            "tritonserver restarts by the launcher, by exit cause (signal name or exit code)",
+            "tritonserver restarts by the launcher, by cause: signal name, exit code, or why the "
+            "launcher ended it (model stub died, gRPC streams stalled, not ready after N s)",
             ["cause"],
             registry=self.registry,
         )
