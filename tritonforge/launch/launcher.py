@@ -584,7 +584,8 @@ def _serve(
     supervisor: Supervisor, frontend: OpenAIFrontend | None, announce: Callable[[], None]
 ) -> int:
     """Supervise tritonserver from its first start, bring the frontend up beside it, and
-    ``announce`` once both serve; the supervisor's outcome.
+    ``announce`` once both serve; the supervisor's outcome. Everything is stopped on the
+    way out (the frontend first, while Triton still answers its streams).
 
     The supervisor runs on a thread of its own from the start, so a server that dies at
     any stage of start-up — loading, or ready while the frontend comes up — is restarted
@@ -592,19 +593,23 @@ def _serve(
     nothing to serve before) and must be up within its own bound, whatever Triton does
     meanwhile; the ready line waits for Triton to be ready again if it died.
     """
-    with ThreadPoolExecutor(1, thread_name_prefix="supervisor") as pool:
-        supervision = pool.submit(supervisor.run)
-        try:
-            if frontend is not None and _until_serving(supervisor, supervision):
-                frontend.start()
-                frontend.wait_up()
-            if _until_serving(supervisor, supervision):
-                announce()
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    return supervision.result(timeout=1.0)
-        finally:
-            supervisor.stop()  # a no-op once it returned; else ends the server it runs
+    pool = ThreadPoolExecutor(1, thread_name_prefix="supervisor")
+    supervision = pool.submit(supervisor.run)
+    try:
+        if frontend is not None and _until_serving(supervisor, supervision):
+            frontend.start()
+            frontend.wait_up()
+        if _until_serving(supervisor, supervision):
+            announce()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return supervision.result(timeout=1.0)
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
+        supervisor.stop()
+        pool.shutdown()  # the supervisor returns once its server has ended
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -653,10 +658,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if frontend is not None:
-            frontend.stop()
-        print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
-        supervisor.stop()
         supervisor.metrics.close()
 
 

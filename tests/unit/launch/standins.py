@@ -70,12 +70,16 @@ class FrontendStandIn:
 
     on_wait_up: Callable[[], None] = lambda: None
     started: int = 0
+    stopped: int = 0
 
     def start(self) -> None:
         self.started += 1
 
     def wait_up(self) -> None:
         self.on_wait_up()
+
+    def stop(self) -> None:
+        self.stopped += 1
 
 
 def supervise(server: StandIn, **settings: Any) -> tuple[Supervisor, list[float]]:

@@ -132,7 +132,7 @@ def test_a_server_that_dies_at_every_start_ends_the_launcher_at_the_restart_limi
     announced = Announcements(server, supervisor)
     assert _serve(supervisor, frontend, announced) == 1  # gave up
     assert len(server.starts) == 4 and delays == [0.5, 1.0, 1.0]  # 1 start + 3 restarts
-    assert announced.seen == [] and frontend.started == 0
+    assert announced.seen == [] and frontend.started == 0 and frontend.stopped == 1
     assert all(not session_processes(pid) for pid in server.sessions)
 
 
