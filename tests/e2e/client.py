@@ -8,6 +8,7 @@ import queue
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -171,8 +172,108 @@ def generate_stream_text(http_url: str, model: str, body: dict) -> str:
         return "".join(parts)
 
 
+def _string_characters(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_string_characters(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_string_characters(v) for v in value)
+    return 0
+
+
+def compact_json_budget(longest: Any) -> int:
+    """A ``max_tokens`` that always lets a compact JSON answer close, given the longest
+    answer its schema allows (longest strings, widest numbers): every token carries at
+    least one character, a string's characters may each come as a six-character escape,
+    and one more token ends the answer. A ``length`` finish within it is never the
+    model's choice."""
+    text = json.dumps(longest, separators=(", ", ": "))
+    return len(text) + 5 * _string_characters(longest) + 1
+
+
 #: Greedy sampling for a request that outlasts any test that cancels, times out or queues it.
 LONG_GREEDY = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+
+
+class Hold:
+    """A streamed request that runs until the test cancels it (``LONG_GREEDY`` outlasts
+    any test), on a gRPC stream of its own.
+
+    Tests that need requests to overlap, fill an engine's slots or queue behind others
+    make them do so by construction with holds, and wait on what a hold observed (its
+    first response, a count of responses) instead of guessing how fast the engine is.
+    """
+
+    def __init__(
+        self,
+        grpc_url: str,
+        model: str,
+        prompt: str | None = None,
+        sampling: dict | None = None,
+        on_first: Callable[[], None] | None = None,
+        inputs: list[grpcclient.InferInput] | None = None,
+    ) -> None:
+        """``inputs``, when given, are sent as they are (``prompt``/``sampling`` unused)."""
+        self._changed = threading.Condition()
+        self.times: list[float] = []  # time.monotonic() of each response
+        self.error: Exception | None = None
+        self.ended = False  # its final response (or an error) arrived
+        self._on_first = on_first
+        self._client = grpcclient.InferenceServerClient(grpc_url)
+        self._client.start_stream(callback=self._received)
+        if inputs is None:
+            inputs = llm_inputs(prompt, sampling=LONG_GREEDY if sampling is None else sampling)
+        self._client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        self.open = True
+
+    def _received(self, result: Any, error: Exception | None) -> None:
+        with self._changed:
+            if error is not None:
+                self.error, self.ended = error, True
+            else:
+                if result.get_response().outputs:
+                    self.times.append(time.monotonic())
+                    if len(self.times) == 1 and self._on_first is not None:
+                        self._on_first()
+                self.ended = self.ended or _is_final(result)
+            self._changed.notify_all()
+
+    @property
+    def responses(self) -> int:
+        return len(self.times)
+
+    def wait_responses(self, count: int = 1, timeout_s: float = 120.0) -> None:
+        """Wait until ``count`` responses arrived; fail on an error or an early end."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.responses >= count or self.ended, timeout=timeout_s)
+            assert self.error is None, self.error
+            assert self.responses >= count, (
+                f"{self.responses} of {count} responses in {timeout_s:.0f} s "
+                f"({'ended' if self.ended else 'still open'})"
+            )
+
+    def wait_end(self, timeout_s: float = 120.0) -> None:
+        """Wait until the request ended (its final response or an error arrived)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.ended, timeout=timeout_s), (
+                f"still open after {timeout_s:.0f} s"
+            )
+
+    def cancel(self) -> None:
+        """Cancel the request (if it still runs) and close the stream."""
+        if self.open:
+            self.open = False
+            with contextlib.suppress(InferenceServerException):
+                self._client.stop_stream(cancel_requests=not self.ended)
+            self._client.close()
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\} (\S+)$")
 

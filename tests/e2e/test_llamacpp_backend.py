@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import threading
 import time
 import uuid
@@ -20,7 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import LONG_GREEDY, llm_inputs, metric, requests_cancelled, stream, wait_for
+from tests.e2e.client import (
+    LONG_GREEDY,
+    Hold,
+    llm_inputs,
+    metric,
+    requests_cancelled,
+    stream,
+    wait_for,
+)
 from tritonforge.engines.config import load_engine_config
 from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.launch.launcher import MODEL_REPOSITORY
@@ -56,44 +63,17 @@ def cancelled(server) -> float:
     return requests_cancelled(server.metrics_url, "llamacpp", MODEL)
 
 
-class OpenStream:
-    """A request on its own gRPC stream that the test cancels when it chooses."""
-
-    def __init__(self, server, prompt: str, sampling: dict, on_first=None) -> None:
-        self.events: queue.Queue = queue.Queue()
-        self.on_first = on_first
-        self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.client.start_stream(callback=self._received)
-        self.client.async_stream_infer(MODEL, llm_inputs(prompt, sampling=sampling))
-        self.open = True
-
-    def _received(self, result, error) -> None:
-        if self.on_first is not None:
-            self.on_first()
-            self.on_first = None
-        self.events.put((result, error))
-
-    def first_response(self) -> None:
-        _, error = self.events.get(timeout=120)
-        assert error is None, error
-
-    def cancel(self) -> None:
-        if self.open:
-            self.open = False
-            self.client.stop_stream(cancel_requests=True)
-            self.client.close()
-
-
 @contextlib.contextmanager
 def every_slot_busy(server):
     """Every slot holds a long request (running) until the block ends."""
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
     blockers = [
-        OpenStream(server, f"Tell a very long story, part {i}:", LONG_GREEDY) for i in range(SLOTS)
+        Hold(server.grpc_url, MODEL, f"Tell a very long story, part {i}:", LONG_GREEDY)
+        for i in range(SLOTS)
     ]
     try:
         for blocker in blockers:
-            blocker.first_response()
+            blocker.wait_responses()
         # The gauges follow the engine every poll interval: the last first token may be
         # out before the gauge counts its sequence.
         wait_for(lambda: gauge(server, "num_requests_running") == SLOTS, what="every slot busy")
@@ -156,8 +136,12 @@ def test_queued_requests_start_in_arrival_order(server) -> None:
         with every_slot_busy(server) as blockers:
             for i in range(3):
                 queued.append(
-                    OpenStream(
-                        server, f"Item {i}:", LONG_GREEDY, on_first=lambda i=i: started.append(i)
+                    Hold(
+                        server.grpc_url,
+                        MODEL,
+                        f"Item {i}:",
+                        LONG_GREEDY,
+                        on_first=lambda i=i: started.append(i),
                     )
                 )
                 wait_for(lambda n=i + 1: gauge(server, "num_requests_waiting") == n,
@@ -176,7 +160,7 @@ def test_queued_requests_start_in_arrival_order(server) -> None:
 def test_request_cancelled_while_queued_never_runs(server) -> None:
     with every_slot_busy(server):
         before = cancelled(server)  # the blockers run: every earlier request is counted
-        queued = OpenStream(server, "Another long story:", LONG_GREEDY)
+        queued = Hold(server.grpc_url, MODEL, "Another long story:", LONG_GREEDY)
         wait_for(lambda: gauge(server, "num_requests_waiting") == 1, what="one queued request")
         queued.cancel()
         wait_for(lambda: cancelled(server) == before + 1, what="the queued request cancelled")
@@ -191,26 +175,22 @@ def test_request_cancelled_while_queued_never_runs(server) -> None:
 
 
 def test_parallel_streams_interleave(server) -> None:
-    """Two streams started together receive their tokens over the same stretch of time
-    (one after the other, as a one-sequence engine serves them, they would not overlap)."""
+    """A stream sent while another runs is decoded beside it: it streams all its tokens
+    while the running one keeps receiving its own. (A one-sequence engine would make it
+    wait for the running stream to end, which only the test's cancel does.)"""
     wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
     forced = {"temperature": 0, "max_tokens": 32, "ignore_eos": True}
-    stamps: list[list[float]] = [[], []]
-    with ThreadPoolExecutor(2) as pool:
-        futures = [
-            pool.submit(timed_stream, server, f"Count to ten, take {i}:", forced, stamps[i],
-                        return_num_output_tokens=True)
-            for i in range(2)
-        ]  # fmt: skip
-        results = [f.result() for f in futures]
-    for result in results:  # a response may carry more than one token
-        assert result.error is None and result.outputs("num_output_tokens")
-        assert sum(int(n[0]) for n in result.outputs("num_output_tokens")) == 32
-    first, second = stamps
-    overlap = min(first[-1], second[-1]) - max(first[0], second[0])
-    assert overlap > 0, (first[0], first[-1], second[0], second[-1])
-    during = sum(second[0] <= t <= second[-1] for t in first)
-    assert during >= len(first) // 2, (during, len(first))  # most arrive within the other's
+    stamps: list[float] = []
+    with Hold(server.grpc_url, MODEL, "Count to ten, take 0:") as running:
+        running.wait_responses()
+        result = timed_stream(server, "Count to ten, take 1:", forced, stamps,
+                              return_num_output_tokens=True)  # fmt: skip
+        assert not running.ended, running.error  # still running when the other ended
+        during = [t for t in running.times if stamps[0] <= t <= stamps[-1]]
+    assert result.error is None and result.outputs("num_output_tokens")
+    # A response may carry more than one token.
+    assert sum(int(n[0]) for n in result.outputs("num_output_tokens")) == 32
+    assert len(during) >= 2, (len(during), len(stamps))
 
 
 def first_token(server, prompt: str) -> str:
@@ -226,20 +206,20 @@ def test_cancelling_one_sequence_lets_the_others_finish(server) -> None:
     order than one decoded as a row of its own."""
     survivors = ["The three primary colours are", "Write a haiku about rain:"]
     firsts = [first_token(server, prompt) for prompt in survivors]
-    doomed = OpenStream(server, "Tell a very long story:", LONG_GREEDY)
-    try:
-        doomed.first_response()
+    sampling = GREEDY | {"max_tokens": 48, "ignore_eos": True}  # they outlast the cancel
+    with Hold(server.grpc_url, MODEL, "Tell a very long story:") as doomed:
+        doomed.wait_responses()
+        started = threading.Semaphore(0)
         with ThreadPoolExecutor(len(survivors)) as pool:
-            cancel_once_running = threading.Timer(0.3, doomed.cancel)
             futures = [
-                pool.submit(stream, server.grpc_url, MODEL, llm_inputs(p, sampling=GREEDY))
+                pool.submit(stream, server.grpc_url, MODEL, llm_inputs(p, sampling=sampling),
+                            on_response=lambda n: n == 1 and started.release())
                 for p in survivors
-            ]
-            cancel_once_running.start()
+            ]  # fmt: skip
+            for _ in survivors:  # both are decoding beside the doomed one: cancel it now
+                assert started.acquire(timeout=120), "a survivor never started"
+            doomed.cancel()
             results = [f.result() for f in futures]
-            cancel_once_running.join()
-    finally:
-        doomed.cancel()
     assert [r.error for r in results] == [None, None]
     for result, first in zip(results, firsts, strict=True):
         assert result.text.startswith(first) and len(result.text) > len(first)
@@ -253,16 +233,24 @@ def test_constrained_and_free_sequences_batched_together_keep_their_own_rules(se
     first = first_token(server, free)
     choice = {"temperature": 0.8, "seed": 3, "max_tokens": 8,
               "structured_outputs": {"choice": ["yes", "no"]}}  # fmt: skip
+    running = threading.Semaphore(0)
     with ThreadPoolExecutor(4) as pool:
+        unconstrained = pool.submit(
+            stream, server.grpc_url, MODEL,
+            llm_inputs(free, sampling=GREEDY | {"ignore_eos": True},
+                       return_num_output_tokens=True),
+            on_response=lambda n: n == 1 and running.release(),
+        )  # fmt: skip
+        # Sent once the free one decodes: they run beside its 23 remaining tokens.
+        assert running.acquire(timeout=120), "the free sequence never started"
         constrained = [pool.submit(stream, server.grpc_url, MODEL,
                                    llm_inputs("Is water wet? Answer:", sampling=choice))
                        for _ in range(3)]  # fmt: skip
-        unconstrained = pool.submit(stream, server.grpc_url, MODEL,
-                                    llm_inputs(free, sampling=GREEDY))  # fmt: skip
         answers = {f.result().text for f in constrained}
-        text = unconstrained.result().text
-        assert text.startswith(first) and text.strip() not in {"yes", "no"}
-        assert len(text.split()) > 3  # free to run past a one-word answer
+        result = unconstrained.result()
+    assert result.error is None and result.text.startswith(first)
+    assert result.text.strip() not in {"yes", "no"}  # free to run past a one-word answer
+    assert sum(int(n[0]) for n in result.outputs("num_output_tokens")) == GREEDY["max_tokens"]
     assert len(answers) == 1 and answers <= {"yes", "no"}, answers  # same seed, same answer
 
 

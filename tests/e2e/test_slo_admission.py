@@ -4,19 +4,31 @@ vllm_slo_model ships with admission on (refusing only after 4 calibrating first
 tokens) and vLLM's priority scheduler with two sequences at most. A request whose SLO
 cannot be met is refused at once, naming the prediction, over gRPC, HTTP and the OpenAI
 frontend; requests without an SLO run whatever the queue; a high-priority request
-arriving behind a queue starts before a low-priority one that arrived first. The model
-runs on a server of its own (OWN_SERVER_MODELS in tests/conftest.py).
+arriving behind a queue starts before a low-priority one that arrived first. Queues are
+built with holds (requests the test cancels) and the engine's own gauges, never timed.
+The model runs on a server of its own (OWN_SERVER_MODELS in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.e2e.client import generate, llm_inputs, metric, own_server_frontend, stream
+from tests.e2e.client import (
+    Hold,
+    generate,
+    llm_inputs,
+    metric,
+    own_server_frontend,
+    stream,
+    wait_for,
+)
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 MODEL = "vllm_slo_model"
@@ -24,14 +36,16 @@ MODEL = "vllm_slo_model"
 IMPOSSIBLE = {"slo_ttft_ms": 1}
 REFUSAL = "SLO admission refused the request: predicted TTFT"
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.speed]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(tmp_path_factory: pytest.TempPathFactory, served_repository: Path):
     """The model on a server of its own, calibrated by a few requests without an SLO."""
     log = tmp_path_factory.mktemp("slo") / "server.log"
-    with TritonServer.on_free_ports(models=[MODEL], log_path=log) as own:
+    with TritonServer.on_free_ports(
+        repository=served_repository, models=[MODEL], log_path=log
+    ) as own:
         for _ in range(5):
             answer = stream(own.grpc_url, MODEL, llm_inputs("Hello there", {"max_tokens": 2}))
             assert answer.error is None, answer.error
@@ -50,8 +64,8 @@ def test_grpc_refusal_names_the_prediction_and_the_slo(server: TritonServer) -> 
     answer = stream(server.grpc_url, MODEL, llm_inputs("Hello", IMPOSSIBLE))
     assert answer.error is not None and not answer.responses
     assert REFUSAL in str(answer.error) and "exceeds slo_ttft_ms 1 ms" in str(answer.error)
-    time.sleep(0.3)  # the counters are exported every poll interval (0.1 s)
-    assert refused(server) == before + 1
+    # The counters are exported every poll interval.
+    wait_for(lambda: refused(server) == before + 1, timeout_s=10, what="the refusal counted")
 
 
 def test_http_refusal_names_the_prediction(server: TritonServer) -> None:
@@ -90,34 +104,56 @@ def test_openai_refusal_is_429_with_retry_after(openai: OpenAIFrontend) -> None:
     assert generous.status_code == 200, generous.text
 
 
-def test_requests_without_an_slo_are_untouched(server: TritonServer) -> None:
-    """Behind a queue that would refuse any SLO, a request without one still runs."""
-    hold = {"max_tokens": 24, "ignore_eos": True}
-    queue = [
-        threading.Thread(
-            target=stream, args=(server.grpc_url, MODEL, llm_inputs("Tell a story", hold))
-        )
-        for _ in range(3)
-    ]
-    for thread in queue:
-        thread.start()
+def gauge(server: TritonServer, name: str) -> float:
+    return metric(server.metrics_url, f"vllm:{name}", model=MODEL)
+
+
+def no_slo(server: TritonServer) -> float:
+    return metric(server.metrics_url, "vllm:admission_decisions_total", decision="no_slo")
+
+
+@contextlib.contextmanager
+def both_sequences_held(server: TritonServer, queued: int = 0) -> Iterator[list[Hold]]:
+    """Two holds run (the model's two sequences) and ``queued`` more wait behind them,
+    until the block ends or the test cancels them."""
+    wait_for(lambda: gauge(server, "num_requests_running") == 0, what="an idle engine")
+    holds: list[Hold] = []
     try:
-        time.sleep(0.5)
-        answer = generate(server.http_url, MODEL, {"text_input": "Hi", "parameters": {}})
-        assert "error" not in answer and answer["text_output"]
+        for i in range(2):
+            holds.append(Hold(server.grpc_url, MODEL, f"Tell a long story, part {i}:"))
+            holds[-1].wait_responses()
+        for i in range(queued):
+            holds.append(Hold(server.grpc_url, MODEL, f"Another story, part {i}:"))
+        wait_for(lambda: gauge(server, "num_requests_running") == 2, what="both sequences busy")
+        wait_for(lambda: gauge(server, "num_requests_waiting") == queued, what=f"{queued} queued")
+        yield holds
+    finally:
+        for hold in holds:
+            hold.cancel()
+
+
+def test_requests_without_an_slo_are_untouched(server: TritonServer) -> None:
+    """Behind a queue that refuses any SLO, a request without one is admitted: it waits
+    its turn and runs once the queue moves."""
+    before = no_slo(server)
+    with both_sequences_held(server, queued=1) as holds, ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(
+            generate, server.http_url, MODEL, {"text_input": "Hi", "parameters": {}}
+        )
+        wait_for(lambda: gauge(server, "num_requests_waiting") == 2, what="it queued, admitted")
         again = stream(server.grpc_url, MODEL, llm_inputs("Hello", IMPOSSIBLE))
         assert REFUSAL in str(again.error)  # the same queue refuses an impossible SLO
-    finally:
-        for thread in queue:
-            thread.join(timeout=300)
-    assert metric(server.metrics_url, "vllm:admission_decisions_total", decision="no_slo") >= 6
+        for hold in holds:
+            hold.cancel()  # the queue moves
+        answer = plain.result(timeout=300)
+    assert "error" not in answer and answer["text_output"]
+    wait_for(lambda: no_slo(server) >= before + 4, timeout_s=10, what="4 admissions counted")
 
 
 def test_a_high_priority_request_behind_a_queue_starts_first(server: TritonServer) -> None:
-    """Two long requests fill both sequences; then a low-priority request arrives, then a
-    high-priority one: when the first slot frees, vLLM's priority scheduler starts the high
-    one. The holds differ in length, so one slot frees at a time: two freed in the same
-    step would start both waiting requests together and leave their order to chance."""
+    """Two holds fill both sequences; a low-priority request queues, then a high-priority
+    one queues behind it. When one hold is cancelled, vLLM's priority scheduler gives the
+    free sequence to the high one."""
     first_token: dict[str, float] = {}
 
     def run(name: str, sampling: dict) -> None:
@@ -127,19 +163,17 @@ def test_a_high_priority_request_behind_a_queue_starts_first(server: TritonServe
         answer = stream(server.grpc_url, MODEL, llm_inputs("Count", sampling), on_response=seen)
         assert answer.error is None, answer.error
 
-    holds = [{"max_tokens": 64, "ignore_eos": True}, {"max_tokens": 160, "ignore_eos": True}]
     short = {"max_tokens": 4, "ignore_eos": True}
-    threads = [
-        threading.Thread(target=run, args=(f"hold{i}", hold)) for i, hold in enumerate(holds)
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)  # both holds are running
     late = [("low", {**short, "priority": 10}), ("high", {**short, "priority": -10})]
-    for name, sampling in late:
-        threads.append(threading.Thread(target=run, args=(name, sampling)))
-        threads[-1].start()
-        time.sleep(0.3)  # the low one is queued first
-    for thread in threads:
-        thread.join(timeout=300)
+    with both_sequences_held(server) as holds, ThreadPoolExecutor(len(late)) as pool:
+        answers = []
+        for queued, (name, sampling) in enumerate(late, start=1):
+            answers.append(pool.submit(run, name, sampling))
+            wait_for(
+                lambda n=queued: gauge(server, "num_requests_waiting") == n,
+                what=f"{name} queued",
+            )
+        holds[0].cancel()  # one sequence frees: the high one takes it
+        for answer in answers:
+            answer.result(timeout=300)
     assert first_token["high"] < first_token["low"], first_token
