@@ -29,12 +29,16 @@ bench-venv:
 test: setup bench-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## The tests whose expectations come from the model's text, again under other numerics
-## (vllm_model in the dtype this host does not serve it with — float32 where bfloat16 is
-## native, else bfloat16: other kernels, other greedy text), so a test that hard-codes
-## what the model says fails here, not first on another CPU.
+## The tests whose expectations come from the model's text (marked numerics) or whose
+## premise is an order, overlap or queue built by construction (marked speed), again with
+## vLLM in the dtype this host does not serve it with (float32 where bfloat16 is native,
+## else bfloat16: other kernels, other greedy text, another speed) and the synthetic
+## engine stepping every millisecond: a test that hard-codes what the model says or races
+## the engine's speed fails here, not first on another CPU.
 test-numerics: setup
-	TRITONFORGE_TEST_ENGINE_OVERRIDES="$$($(PY) -m tritonforge.engines.host_settings)" $(PY) -m pytest -m numerics $(PYTEST_ARGS)
+	TRITONFORGE_TEST_ENGINE_OVERRIDES="$$($(PY) -m tritonforge.engines.host_settings)" \
+	TRITONFORGE_TEST_SYNTHETIC_OVERRIDES='{"step_ms": 1}' \
+	$(PY) -m pytest -m "numerics or speed" $(PYTEST_ARGS)
 
 ## Run an evaluation contract end to end: make bench CONTRACT=perf/contracts/chat-mix.yaml
 bench: setup bench-venv

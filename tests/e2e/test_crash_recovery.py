@@ -30,7 +30,7 @@ import psutil
 import pytest
 import requests
 
-from tests.e2e.client import control_model, llm_inputs, metric, model_state, stream, wait_for
+from tests.e2e.client import Hold, control_model, metric, model_state, wait_for
 from tritonforge.bench.reliability.crash_recovery import Launcher
 from tritonforge.launch.launcher import session_processes
 from tritonforge.launch.supervisor import shm_regions
@@ -74,10 +74,8 @@ def _openai_stream(base: str, started: threading.Event, events: list[str]) -> No
                 started.set()
 
 
-def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[str]]:
-    """An OpenAI stream generating, and a gRPC stream sent after it (decoding beside it,
-    or waiting for a slot): both in flight at the kill."""
-    grpc_out: dict = {}
+def _in_flight(launched: Launcher) -> tuple[threading.Thread, Hold, list[str]]:
+    """An OpenAI stream and a gRPC stream, both generating: in flight at the kill."""
     openai_events: list[str] = []
     openai_started = threading.Event()
     openai = threading.Thread(
@@ -85,33 +83,36 @@ def _in_flight(launched: Launcher) -> tuple[list[threading.Thread], dict, list[s
     )
     openai.start()
     assert openai_started.wait(60), "the OpenAI stream never started"
-    inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
-    grpc = threading.Thread(
-        target=lambda: grpc_out.setdefault(
-            "result", stream(launched.server.grpc_url, MODEL, inputs, timeout_s=120)
-        )
-    )
-    grpc.start()
-    time.sleep(1.0)  # sent and queued in the model
-    return [openai, grpc], grpc_out, openai_events
+    grpc = Hold(launched.server.grpc_url, MODEL, "Once upon a time")
+    grpc.wait_responses()
+    return openai, grpc, openai_events
 
 
 def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(launched) -> None:
     control_model(launched.server.grpc_url, "load", RUNTIME_MODEL)
     frontend = launched.frontend()
     dead = launched.triton()
-    time.sleep(2.5)  # one poll of the launcher's (every 2 s) sees the runtime model
+    wait_for(
+        lambda: (
+            metric(
+                launched.launcher_metrics_url, "tritonforge_restored_models", model=RUNTIME_MODEL
+            )
+            == 1
+        ),
+        what="the launcher to follow the model loaded at run time",
+    )
     regions = shm_regions(dead.pid)
     assert regions, "expected the python backend's shared memory mapped by the server"
-    threads, grpc_out, openai_events = _in_flight(launched)
+    openai, grpc, openai_events = _in_flight(launched)
 
     dead.kill()
     killed = time.monotonic()
     down = _chat(launched.openai_url, False, 4, timeout_s=10)
-    for thread in threads:
-        thread.join(30)
-    assert not any(t.is_alive() for t in threads), "a stream in flight hung after the crash"
-    assert grpc_out["result"].error is not None  # ended with an error, not a FINAL
+    openai.join(30)
+    grpc.wait_end(30)
+    grpc.cancel()
+    assert not openai.is_alive(), "a stream in flight hung after the crash"
+    assert grpc.error is not None  # ended with an error, not a FINAL
     assert openai_events[-1] == "[DONE]"
     assert "error" in json.loads(openai_events[-2]), openai_events[-2]
     assert down.status_code == 503, down.text
@@ -154,19 +155,11 @@ def test_a_crashed_model_stub_is_a_crash_not_a_hang(launched) -> None:
     its model's requests would wait forever: the launcher ends and restarts the server."""
     wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve")
     server = launched.triton()
-    inputs = llm_inputs("Once upon a time", sampling={"max_tokens": 1000, "ignore_eos": True})
-    out: dict = {}
-    streaming = threading.Thread(
-        target=lambda: out.setdefault(
-            "result", stream(launched.server.grpc_url, MODEL, inputs, timeout_s=120)
-        )
-    )
-    streaming.start()
-    time.sleep(1.0)  # generating
-    _stub_of(launched, MODEL).send_signal(signal.SIGSEGV)
-    streaming.join(60)
-    assert not streaming.is_alive(), "a request to the dead stub's model hung"
-    assert out["result"].error is not None
+    with Hold(launched.server.grpc_url, MODEL, "Once upon a time") as generating:
+        generating.wait_responses()
+        _stub_of(launched, MODEL).send_signal(signal.SIGSEGV)
+        generating.wait_end(60)  # a request to the dead stub's model does not hang
+        assert generating.error is not None
     wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve again")
     assert launched.triton().pid != server.pid
     restarts = metric(

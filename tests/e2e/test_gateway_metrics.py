@@ -11,14 +11,13 @@ live adapter check runs on the LoRA models' own server (tests/e2e/test_lora.py).
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.client import bytes_input, llm_inputs, model_ready, stream, wait_for
+from tests.e2e.client import LONG_GREEDY, Hold, bytes_input, llm_inputs, model_ready, wait_for
 from tests.unit.deploy.test_k8s_gateway import epp_metric_flags
 from tritonforge.launch.launcher import TritonServer
 
@@ -92,13 +91,7 @@ def adapter_shows_then_leaves(triton_server: TritonServer) -> None:
 
     Run by tests/e2e/test_lora.py on its own server, which serves ``vllm_lora_model``.
     """
-    inputs = llm_inputs("Count slowly:", {"temperature": 0, "max_tokens": 200, "ignore_eos": True})
-    inputs.append(bytes_input("lora_name", "smol-alpha"))
-    result: list[object] = []
-    worker = threading.Thread(
-        target=lambda: result.append(stream(triton_server.grpc_url, LORA_MODEL, inputs))
-    )
-    worker.start()
+    inputs = [*llm_inputs("Count slowly:", LONG_GREEDY), bytes_input("lora_name", "smol-alpha")]
 
     def adapters() -> set[str]:
         # As the picker reads it: the newest series (a former label set keeps its older time).
@@ -106,10 +99,8 @@ def adapter_shows_then_leaves(triton_server: TritonServer) -> None:
         named = info.labels["running_lora_adapters"] + "," + info.labels["waiting_lora_adapters"]
         return {name for name in named.split(",") if name}
 
-    try:
+    with Hold(triton_server.grpc_url, LORA_MODEL, inputs=inputs) as running:
+        running.wait_responses()
         wait_for(lambda: adapters() == {"smol-alpha"}, 60, "smol-alpha in lora_requests_info")
-    finally:
-        worker.join(300)
-    assert result and result[0].error is None
-    # Once it is done the newest series names no adapter again.
+    # Once it is cancelled the newest series names no adapter again.
     wait_for(lambda: adapters() == set(), 30, "the adapter to leave lora_requests_info")

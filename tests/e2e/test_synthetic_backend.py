@@ -106,6 +106,7 @@ def test_chat_and_stop_strings(server, offline) -> None:
     assert chat.error is None and chat.responses
 
 
+@pytest.mark.speed
 def test_cancel_and_metrics(server) -> None:
     labels = {"model": MODEL}
     cancelled_before = metric(

@@ -159,6 +159,12 @@ class SupervisorMetrics:
             "seconds from the last unexpected exit to the restarted server being ready",
             registry=self.registry,
         )
+        self.restored = Gauge(
+            "tritonforge_restored_models",
+            "1 for each model the launcher loads again if tritonserver restarts",
+            ["model"],
+            registry=self.registry,
+        )
         self._server: Any = None
 
     def serve(self, host: str, port: int) -> None:
@@ -368,6 +374,10 @@ class Supervisor:
     def _track_models(self) -> None:
         seen = self.read_models(self.server.grpc_url)
         if seen is not None and self.server.process.poll() is None:
+            if seen != self.models:
+                self.metrics.restored.clear()
+                for model in seen:
+                    self.metrics.restored.labels(model=model).set(1)
             self.models = seen
         self.regions |= shm_regions(self.server.process.pid)
 

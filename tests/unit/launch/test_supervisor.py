@@ -120,6 +120,9 @@ def test_a_restart_loads_the_models_served_at_the_crash() -> None:
     try:
         wait_for(lambda: len(server.starts) == 2)
         assert server.starts[1] == ["b", "c"]
+        # What a restart would load is on the launcher's own metrics, per model.
+        restored = supervisor.metrics.restored.collect()[0].samples
+        assert {s.labels["model"]: s.value for s in restored} == {"b": 1, "c": 1}
     finally:
         supervisor.stop()
         thread.join(10)
