@@ -35,6 +35,8 @@ MODEL = "vllm_slo_model"
 #: No prefill on this machine takes a millisecond: a 1 ms TTFT SLO is never attainable.
 IMPOSSIBLE = {"slo_ttft_ms": 1}
 REFUSAL = "SLO admission refused the request: predicted TTFT"
+#: A request that outlasts any test here (the model's context is 1,024 tokens).
+HOLD = {"temperature": 0, "max_tokens": 900, "ignore_eos": True}
 
 pytestmark = [pytest.mark.server, pytest.mark.speed]
 
@@ -120,10 +122,10 @@ def both_sequences_held(server: TritonServer, queued: int = 0) -> Iterator[list[
     holds: list[Hold] = []
     try:
         for i in range(2):
-            holds.append(Hold(server.grpc_url, MODEL, f"Tell a long story, part {i}:"))
+            holds.append(Hold(server.grpc_url, MODEL, f"Tell a long story, part {i}:", HOLD))
             holds[-1].wait_responses()
         for i in range(queued):
-            holds.append(Hold(server.grpc_url, MODEL, f"Another story, part {i}:"))
+            holds.append(Hold(server.grpc_url, MODEL, f"Another story, part {i}:", HOLD))
         wait_for(lambda: gauge(server, "num_requests_running") == 2, what="both sequences busy")
         wait_for(lambda: gauge(server, "num_requests_waiting") == queued, what=f"{queued} queued")
         yield holds
