@@ -40,7 +40,8 @@ test-numerics: setup
 	TRITONFORGE_TEST_SYNTHETIC_OVERRIDES='{"step_ms": 1}' \
 	$(PY) -m pytest -m "numerics or speed" $(PYTEST_ARGS)
 
-## Run an evaluation contract end to end: make bench CONTRACT=perf/contracts/chat-mix.yaml
+## Run an evaluation contract end to end, any kind (docs/benchmarking.md):
+## make bench CONTRACT=perf/contracts/chat-mix.yaml, or CONTRACT=perf/contracts/serving-ceiling.yaml
 bench: setup bench-venv
 	$(PY) -m tritonforge.bench run --contract $(CONTRACT)
 
