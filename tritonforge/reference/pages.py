@@ -23,6 +23,7 @@ from tritonforge.engines.llamacpp import ADAPTER_KEYS
 from tritonforge.engines.synthetic import SyntheticSettings
 from tritonforge.engines.tensorrtllm import TRITON_CONFIG_KEYS
 from tritonforge.environment import VARIABLES
+from tritonforge.launch.launcher import NEEDS_NVIDIA_GPU
 from tritonforge.launch.launcher import _parser as launcher_parser
 from tritonforge.paths import REPO_ROOT
 from tritonforge.reference.metrics import (
@@ -148,6 +149,13 @@ def configuration_page() -> str:
         rows.append((f"`{name}`", default, info.description or ""))
     lines += _table(("key", "default", "meaning"), rows)
     lines += [
+        "",
+        "## requires.txt",
+        "",
+        "A `requires.txt` beside `config.pbtxt` lists what the model needs, one entry a line:",
+        f"Python modules, and `{NEEDS_NVIDIA_GPU}` for a model configured for an NVIDIA GPU",
+        "(`nvidia-smi` answers). `make serve` leaves the model out where an entry is missing,",
+        "rather than failing the whole server.",
         "",
         "## Adapters",
         "",
