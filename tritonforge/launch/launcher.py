@@ -527,7 +527,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-restarts",
         type=int,
         default=RestartPolicy.max_restarts,
-        help="restarts of a crashed tritonserver allowed per --restart-window "
+        help="restarts of a tritonserver that died (start-up included) per --restart-window "
         f"(default {RestartPolicy.max_restarts}; 0: never restart)",
     )
     parser.add_argument(
