@@ -2,11 +2,10 @@
 
 The launcher (``python -m tritonforge.launch.launcher``) is started on free ports with
 llama.cpp's model alone (ready in seconds). Its tritonserver is SIGKILLed the moment its
-own HTTP readiness answers, while the OpenAI frontend is not up yet — observed, both — the
-stage where a crash once ended the whole launcher. The launcher must restart it under its
-usual rules, print its ready line once everything serves, answer a chat completion, and
-stop leaving nothing behind. The other stages are covered with stand-ins in
-tests/unit/launch/test_startup_supervision.py.
+own HTTP readiness answers, while the OpenAI frontend is not up yet — both observed. The
+launcher must restart it under its usual rules, print its ready line once everything
+serves, answer a chat completion, and stop leaving nothing behind. The other stages are
+covered with stand-ins in tests/unit/launch/test_startup_supervision.py.
 """
 
 from __future__ import annotations
