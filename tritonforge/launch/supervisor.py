@@ -255,11 +255,11 @@ class Supervisor:
     exits: list[str] = field(default_factory=list)
     #: Shared-memory files the running server maps (removed once it has died).
     regions: set[str] = field(default_factory=set)
-    serving: threading.Event = field(default_factory=threading.Event)
-    _stopped: threading.Event = field(default_factory=threading.Event)
+    serving: threading.Event = field(default_factory=threading.Event, init=False)
+    _stopped: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     #: Held while the server is started or stopped: a stop from another thread never
     #: races a (re)start, so nothing is started after :meth:`stop`.
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def run(self) -> int:
         """Start the server and watch it; return 0 after a deliberate stop, 1 once the
