@@ -10,7 +10,8 @@ what a client got (503 with Retry-After is the contract). The target: serving ag
 within the cold start of the same model set + 30 s, the OpenAI frontend the same process.
 The run writes ``perf/results/reliability/<UTC time>/recovery.json`` and ``recovery.md``.
 
-:class:`Launcher` is also what tests/e2e/test_crash_recovery.py runs the launcher with.
+:class:`Launcher` is also what tests/e2e/test_crash_recovery.py and
+tests/e2e/test_startup_supervision.py run the launcher with.
 """
 
 from __future__ import annotations
