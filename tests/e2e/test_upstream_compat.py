@@ -202,3 +202,57 @@ def test_priority_as_a_generate_parameter_is_honoured_where_the_model_orders_by_
         {"text_input": "Hi", "parameters": {**SHORT, "priority": -5}},
     )
     assert "error" not in answer and isinstance(answer["text_output"], str), answer
+
+
+# --- n > 1: vLLM samples n sequences in one request; other engines refuse, naming n -----
+
+SEVERAL = {"n": 2, "temperature": 0.8, "seed": 7, "max_tokens": 4, "ignore_eos": True}
+
+
+def test_n_sequences_come_one_element_each_in_every_response(triton_server: TritonServer) -> None:
+    flags = {"return_num_output_tokens": True, "return_finish_reason": True}
+    whole = stream(
+        triton_server.grpc_url, MODEL, llm_inputs("Once", SEVERAL, stream=False, **flags)
+    )
+    assert whole.error is None, whole.error
+    (response,) = whole.responses
+    assert response.as_numpy("text_output").shape == (2,)
+    assert response.as_numpy("num_output_tokens").tolist() == [4, 4]
+    assert response.as_numpy("finish_reason").tolist() == [b"length", b"length"]
+    streamed = stream(triton_server.grpc_url, MODEL, llm_inputs("Once", SEVERAL, **flags))
+    assert streamed.error is None, streamed.error
+    counts = [r.as_numpy("num_output_tokens").tolist() for r in streamed.responses]
+    assert all(len(c) == 2 for c in counts)
+    assert [sum(c[i] for c in counts) for i in (0, 1)] == [4, 4]
+
+
+def test_n_choices_through_openai_with_usage_summed(frontend: OpenAIFrontend) -> None:
+    body = {"model": MODEL, "prompt": "Once", **SEVERAL}
+    answer = httpx.post(f"{frontend.base_url}/completions", json=body, timeout=120).json()
+    assert sorted(c["index"] for c in answer["choices"]) == [0, 1], answer
+    assert answer["usage"]["completion_tokens"] == 8
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    with httpx.stream(
+        "POST", f"{frontend.base_url}/chat/completions", json=chat | SEVERAL, timeout=120
+    ) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    ended = {c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]}
+    assert ended == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("model", "sampling", "rule"),
+    [
+        (MODEL, {"n": 2, "temperature": 0}, "greedy"),  # vLLM's own refusal, named
+        ("llamacpp_model", SEVERAL, "at most 1 sequence"),
+    ],
+)
+def test_n_an_engine_cannot_sample_is_refused_naming_n(
+    triton_server: TritonServer, model: str, sampling: dict, rule: str
+) -> None:
+    _need(triton_server, model)
+    result = stream(triton_server.grpc_url, model, llm_inputs("Once", sampling, stream=False))
+    assert result.error is not None and "sampling_parameters.n:" in str(result.error)
+    assert rule in str(result.error)

@@ -55,7 +55,13 @@ PositionLogprobs = dict[int, TokenLogprob]
 
 @dataclass
 class EngineOutput:
-    """What one engine step added to a request (a delta, never cumulative)."""
+    """What one engine step added to a request (a delta, never cumulative).
+
+    A request for ``n`` > 1 sequences gets deltas of each: ``index`` says which, and
+    ``finished`` marks that sequence's last (the request ends with the last of the n).
+    Past the engine, a response of such a request carries one output per sequence in
+    ``choices`` (in index order), and its own other fields are unused.
+    """
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -63,6 +69,8 @@ class EngineOutput:
     cumulative_logprob: float | None = None
     finished: bool = False
     finish_reason: str | None = None
+    index: int = 0
+    choices: list[EngineOutput] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,14 @@ class Engine(TokenLimits):
     #: Why this engine cannot order its queue by ``priority`` (None: it can). A request
     #: asking for a priority the engine would silently ignore is refused with it.
     priority_unsupported: str | None = "this engine serves requests first come, first served"
+
+    #: The exceptions by which the engine refuses a request as it takes it: the
+    #: client's to fix, answered as an invalid argument naming the key they concern.
+    refusals: ClassVar[tuple[type[Exception], ...]] = (ValueError,)
+
+    #: Sequences one request may ask for (``n``). An engine that samples several
+    #: sequences of one prompt together raises it; the others refuse n > 1, naming it.
+    max_n: int = 1
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Self:
@@ -307,8 +323,14 @@ class Engine(TokenLimits):
             self.check_sampling(request.sampling)
         except RequestError:
             raise
-        except ValueError as exc:
+        except self.refusals as exc:
             raise engine_refusal(exc, SAMPLING_KEYS) from None
+        if request.sampling.n > self.max_n:
+            raise RequestError(
+                "sampling_parameters.n",
+                f"the {self.metric_prefix} engine runs at most {self.max_n} sequence(s) per "
+                f"request, got {request.sampling.n}; send n separate requests",
+            )
         if request.sampling.priority != 0 and self.priority_unsupported is not None:
             raise RequestError(
                 "sampling_parameters.priority",
@@ -346,8 +368,8 @@ class Engine(TokenLimits):
         """Raise the engine's own error for settings it would refuse at submission.
 
         Called on Triton's thread before the request is handed over, so the engine's
-        refusal is answered as an invalid argument naming the key (``prepare`` maps a
-        ``ValueError`` so) rather than as a failure after the request was accepted. The
+        refusal is answered as an invalid argument naming the key (``prepare`` maps
+        :attr:`refusals` so) rather than as a failure after the request was accepted. The
         shared table (sampling.py) already holds every engine to the tightest ranges;
         this catches what an engine checks beyond ranges. The default engine checks
         nothing more.

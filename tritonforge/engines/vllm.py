@@ -43,6 +43,7 @@ from typing import Any
 from safetensors.numpy import load_file, save_file
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
@@ -66,7 +67,7 @@ from tritonforge.engines.base import (
 from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.serving.errors import RequestError
-from tritonforge.serving.sampling import SamplingParams
+from tritonforge.serving.sampling import MAX_N, SamplingParams
 
 # Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler
 # (which vLLM sets up while it builds the engine: the lines are logged after that).
@@ -100,7 +101,8 @@ class _SchedulerSnapshot(StatLoggerBase):
 
 
 def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
-    """Map the common vocabulary onto vLLM's SamplingParams (deltas, one sequence)."""
+    """Map the common vocabulary onto vLLM's SamplingParams (deltas; ``n`` sequences,
+    which vLLM samples from one prefill of the prompt)."""
     structured = None
     if params.structured_outputs is not None:
         spec = params.structured_outputs
@@ -108,7 +110,7 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
             **{spec.kind: spec.value}, disable_any_whitespace=spec.disable_any_whitespace
         )
     return VllmSamplingParams(
-        n=1,
+        n=params.n,
         max_tokens=params.max_tokens,
         min_tokens=params.min_tokens,
         temperature=params.temperature,
@@ -161,6 +163,8 @@ def _zero_adapter(like: Path, target: Path) -> Path:
 class VllmEngine(HFTokenizedEngine):
     metric_prefix = "vllm"
     config_file = ConfigFile("model.json", path_keys=("model", "tokenizer"))
+    max_n = MAX_N  # one request, n sequences: vLLM shares the prompt's prefill
+    refusals = (ValueError, VLLMClientError)  # VLLMValidationError is not a ValueError
 
     def __init__(self, engine_args: AsyncEngineArgs) -> None:
         self._args = engine_args
@@ -302,17 +306,20 @@ class VllmEngine(HFTokenizedEngine):
             lora_request=lora,
             priority=sampling.priority,
         ):
-            completion = result.outputs[0]
-            yield EngineOutput(
-                text=completion.text,
-                token_ids=list(completion.token_ids),
-                logprobs=None
-                if completion.logprobs is None
-                else [_position_logprobs(position) for position in completion.logprobs],
-                cumulative_logprob=completion.cumulative_logprob,
-                finished=result.finished,
-                finish_reason=completion.finish_reason,
-            )
+            # One completion per step with n = 1; with n > 1 each step's output holds
+            # the sequences it advanced, each with its index.
+            for completion in result.outputs:
+                yield EngineOutput(
+                    text=completion.text,
+                    token_ids=list(completion.token_ids),
+                    logprobs=None
+                    if completion.logprobs is None
+                    else [_position_logprobs(position) for position in completion.logprobs],
+                    cumulative_logprob=completion.cumulative_logprob,
+                    finished=result.finished or completion.finish_reason is not None,
+                    finish_reason=completion.finish_reason,
+                    index=completion.index,
+                )
 
     def check_sampling(self, sampling: SamplingParams) -> None:
         """vLLM's own checks (``SamplingParams`` validates itself when built), now.

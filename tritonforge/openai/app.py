@@ -59,10 +59,13 @@ from tritonforge.openai.errors import (
 )
 from tritonforge.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from tritonforge.openai.responses import (
+    AssistantMessage,
+    ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChoiceDelta,
     Completion,
+    CompletionChoice,
     CompletionChunk,
     OpenAIObject,
     to_json,
@@ -268,6 +271,119 @@ class OpenAIServer:
         logprobs = None if top is None else translate.completion_logprobs(whole, len(request.echo))
         return translate.completion(ids, request.echo + whole.text, reason, logprobs, usage)
 
+    async def complete_choices(
+        self,
+        kind: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        request: TritonRequest,
+    ) -> ChatCompletion | Completion:
+        """A non-streamed answer of n > 1 choices: the model's responses carry one element
+        per sequence; usage counts the prompt once and every sequence's tokens."""
+        stream, output = await self.open(request.triton_model or body.model, request)
+        ids = ResponseIds(body.model, "chatcmpl" if kind == "chat" else "cmpl")
+        wholes: list[ModelOutput] = []
+        reasons: list[str | None] = []
+        usage = Usage()
+        try:
+            while True:
+                usage.add(output)
+                for i, choice in enumerate(output.choices or []):
+                    if i == len(wholes):
+                        wholes.append(ModelOutput(logprobs=[]))
+                        reasons.append(None)
+                    wholes[i].text += choice.text
+                    wholes[i].logprobs = (wholes[i].logprobs or []) + (choice.logprobs or [])
+                    reasons[i] = translate.finish_reason(choice.finish_reason) or reasons[i]
+                if output.final:
+                    break
+                nxt = await anext(stream, None)
+                if nxt is None:
+                    break
+                output = nxt
+        finally:
+            stream.cancel()
+        top = request.top_logprobs
+        if kind == "chat":
+            chats = [
+                ChatChoice(
+                    index=i,
+                    message=AssistantMessage(role="assistant", content=whole.text),
+                    logprobs=None if top is None else translate.chat_logprobs(whole, top),
+                    finish_reason=reasons[i] or "stop",
+                )
+                for i, whole in enumerate(wholes)
+            ]
+            return translate.chat_completion_of_choices(ids, chats, usage)
+        echo = request.echo
+        texts = [
+            CompletionChoice(
+                index=i,
+                text=echo + whole.text,
+                logprobs=None if top is None else translate.completion_logprobs(whole, len(echo)),
+                finish_reason=reasons[i] or "stop",
+            )
+            for i, whole in enumerate(wholes)
+        ]
+        return translate.completion_of_choices(ids, texts, usage)
+
+    async def choice_events(
+        self,
+        kind: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        request: TritonRequest,
+        stream: TritonStream,
+        first: ModelOutput,
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed answer of n > 1 choices: each chunk carries one
+        choice's delta under its ``index``, as OpenAI streams them."""
+        chat = kind == "chat"
+        ids = ResponseIds(body.model, "chatcmpl" if chat else "cmpl")
+        with_usage = bool(body.stream_options and body.stream_options.include_usage)
+        top = request.top_logprobs
+        usage = Usage()
+        opened: set[int] = set()
+        offsets: dict[int, int] = {}
+        output: ModelOutput | None = first
+        try:
+            while output is not None:
+                usage.add(output)
+                for i, choice in enumerate(output.choices or []):
+                    if i not in opened:
+                        opened.add(i)
+                        if chat:
+                            role = ChoiceDelta(role="assistant", content="")
+                            yield _sse(translate.chat_chunk(ids, role, None, None, with_usage, i))
+                    reason = translate.finish_reason(choice.finish_reason)
+                    text = ("" if chat or i in offsets else request.echo) + choice.text
+                    offset = offsets.setdefault(i, 0)
+                    offsets[i] = offset + len(text)
+                    if not (text or reason or choice.logprobs):
+                        continue
+                    chunk: ChatCompletionChunk | CompletionChunk
+                    if chat:
+                        logprobs = None if top is None else translate.chat_logprobs(choice, top)
+                        delta = ChoiceDelta(content=text) if text or not reason else ChoiceDelta()
+                        chunk = translate.chat_chunk(ids, delta, reason, logprobs, with_usage, i)
+                    else:
+                        at = offset + len(text) - len(choice.text)
+                        logprobs_ = (
+                            None if top is None else translate.completion_logprobs(choice, at)
+                        )
+                        chunk = translate.completion_chunk(
+                            ids, text, reason, logprobs_, with_usage, i
+                        )
+                    yield _sse(chunk)
+                if output.final:
+                    break
+                output = await anext(stream, None)
+        except OpenAIError as error:  # mid-stream: the status line went out already
+            yield _sse(error.body())
+        finally:
+            stream.cancel()
+        if with_usage:
+            yield _sse(translate.usage_chunk(ids, chat, usage))
+        yield _DONE
+
     async def tool_events(
         self,
         body: ChatCompletionRequest,
@@ -399,16 +515,23 @@ class OpenAIServer:
 
     async def generate(self, http: Request, kind: str) -> Response:
         body, request = await self.parse(http, kind)
+        several = (body.n or 1) > 1
         try:
             if not body.stream:
-                answer = await until_disconnected(http.receive, self.complete(kind, body, request))
+                if several:
+                    work = self.complete_choices(kind, body, request)
+                else:
+                    work = self.complete(kind, body, request)
+                answer = await until_disconnected(http.receive, work)
                 return _json(answer)
             opening = self.open(request.triton_model or body.model, request)
             stream, first = await until_disconnected(http.receive, opening)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the request was cancelled
         events: AsyncIterator[bytes]
-        if isinstance(body, ChatCompletionRequest) and request.tools is not None:
+        if several:
+            events = self.choice_events(kind, body, request, stream, first)
+        elif isinstance(body, ChatCompletionRequest) and request.tools is not None:
             events = self.tool_events(body, request.tools, stream, first)
         else:
             events = self.events(kind, body, request, stream, first)

@@ -161,8 +161,6 @@ def _common(
     body: ChatCompletionRequest | CompletionRequest, spec: ModelSpec, logprobs: int | None
 ) -> tuple[dict[str, Any], dict[str, bool]]:
     """Sampling keys and return flags both endpoints share."""
-    if body.n is not None and body.n != 1:
-        raise invalid(f"n: only n = 1 is supported (one choice per request), got {body.n}", "n")
     if body.logit_bias:
         raise invalid("logit_bias is not supported by this server", "logit_bias")
     if body.stream_options is not None and not body.stream:
@@ -175,12 +173,16 @@ def _common(
         sampling["structured_outputs"] = structured
     if logprobs is not None:
         sampling["logprobs"] = logprobs
+    if body.n is not None:  # the model checks it (its engine may sample one sequence only)
+        sampling["n"] = body.n
     flags = {"stream": body.stream, "exclude_input_in_output": True}
     flags |= {name: True for name in _RETURN_FLAGS}
     if logprobs is not None:
         if "return_logprobs" not in spec.inputs:
             raise invalid(f"logprobs: the model `{spec.name}` cannot return logprobs", "logprobs")
-        flags |= {"return_logprobs": True, "return_output_ids": True}
+        flags |= {"return_logprobs": True}
+        # The sampled token's id picks its entry; one sequence's ids fit one tensor only.
+        flags |= {"return_output_ids": True} if (body.n or 1) == 1 else {}
     return sampling, {k: v for k, v in flags.items() if k in spec.inputs}
 
 
@@ -248,6 +250,8 @@ def chat_request(
             "model",
         )
     plan = tools.plan(body.tools, body.tool_choice)
+    if plan is not None and plan.active and (body.n or 1) != 1:
+        raise invalid(f"n: tool calls are answered one choice at a time, got {body.n}", "n")
     top = None
     if body.logprobs:
         top = 0 if body.top_logprobs is None else _count("top_logprobs", body.top_logprobs)
@@ -341,6 +345,9 @@ class ModelOutput:
     logprobs: list[dict[str, dict[str, Any]]] | None = None
     output_ids: list[int] | None = None
     final: bool = False
+    #: A response of an n > 1 request: one output per sequence, in index order (the
+    #: counts above are then the response's: the prompt's, and the sequences' sum).
+    choices: list[ModelOutput] | None = None
 
 
 @dataclass
@@ -500,8 +507,9 @@ def chat_chunk(
     reason: str | None = None,
     logprobs: ChatLogprobs | None = None,
     with_usage: bool = False,
+    index: int = 0,
 ) -> ChatCompletionChunk:
-    choice = ChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=reason)
+    choice = ChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
     chunk = ChatCompletionChunk(**ids.envelope("chat.completion.chunk"), choices=[choice])
     return _null_usage(chunk) if with_usage else chunk
 
@@ -535,6 +543,24 @@ def tool_call_chunks(
     return chunks
 
 
+def chat_completion_of_choices(
+    ids: ResponseIds, choices: Sequence[ChatChoice], usage: Usage
+) -> ChatCompletion:
+    """An answer of n > 1 choices (each made as :func:`chat_completion` makes one)."""
+    return ChatCompletion(
+        **ids.envelope("chat.completion"), choices=list(choices), usage=usage.report()
+    )
+
+
+def completion_of_choices(
+    ids: ResponseIds, choices: Sequence[CompletionChoice], usage: Usage
+) -> Completion:
+    """A completion of n > 1 choices."""
+    return Completion(
+        **ids.envelope("text_completion"), choices=list(choices), usage=usage.report()
+    )
+
+
 def completion(
     ids: ResponseIds,
     text: str,
@@ -552,8 +578,9 @@ def completion_chunk(
     reason: str | None = None,
     logprobs: CompletionLogprobs | None = None,
     with_usage: bool = False,
+    index: int = 0,
 ) -> CompletionChunk:
-    choice = CompletionChoice(index=0, text=text, logprobs=logprobs, finish_reason=reason)
+    choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=reason)
     chunk = CompletionChunk(**ids.envelope("text_completion"), choices=[choice])
     return _null_usage(chunk) if with_usage else chunk
 

@@ -125,6 +125,8 @@ def parse_response(response: Any) -> ModelOutput:
     for index, tensor in enumerate(response.outputs):
         raw = contents[index] if index < len(contents) else b""
         name = tensor.name
+        if name == "text_output" and tensor.shape and tensor.shape[0] > 1:
+            return _choices(response)
         if name == "text_output":
             output.text = _text(raw)
         elif name == "finish_reason":
@@ -137,6 +139,35 @@ def parse_response(response: Any) -> ModelOutput:
             output.logprobs = json.loads(b"".join(_byte_elements(raw)) or b"null") or []
         elif name == "output_ids":
             output.output_ids = list(struct.unpack(f"<{len(raw) // 4}i", raw))
+    final = response.parameters.get("triton_final_response")
+    output.final = bool(final is not None and final.bool_param)
+    return output
+
+
+def _choices(response: Any) -> ModelOutput:
+    """A response of an n > 1 request: one element per sequence in every output, read
+    into one :class:`ModelOutput` per sequence (``choices``) under the shared counts."""
+    contents = response.raw_output_contents
+    columns: dict[str, bytes] = {
+        tensor.name: contents[i] if i < len(contents) else b""
+        for i, tensor in enumerate(response.outputs)
+    }
+    texts = [e.decode("utf-8") for e in _byte_elements(columns["text_output"])]
+    choices = [ModelOutput(text=t) for t in texts]
+    if "finish_reason" in columns:
+        for choice, reason in zip(choices, _byte_elements(columns["finish_reason"]), strict=True):
+            choice.finish_reason = reason.decode("utf-8")
+    if "num_output_tokens" in columns:
+        for choice, count in zip(choices, _uint32s(columns["num_output_tokens"]), strict=True):
+            choice.num_output_tokens = count
+    if "logprobs" in columns:
+        for choice, raw in zip(choices, _byte_elements(columns["logprobs"]), strict=True):
+            choice.logprobs = json.loads(raw or b"null") or []
+    output = ModelOutput(choices=choices)
+    if "num_input_tokens" in columns and len(columns["num_input_tokens"]) >= 4:
+        output.num_input_tokens = _uint32s(columns["num_input_tokens"])[0]
+    if "num_output_tokens" in columns:
+        output.num_output_tokens = sum(c.num_output_tokens or 0 for c in choices)
     final = response.parameters.get("triton_final_response")
     output.final = bool(final is not None and final.bool_param)
     return output

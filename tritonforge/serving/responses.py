@@ -53,9 +53,16 @@ class Generation:
 
 
 def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutput:
-    """One delta covering ``first`` followed by ``then`` (``then`` when nothing is held)."""
+    """One delta covering ``first`` followed by ``then`` (``then`` when nothing is held).
+
+    Responses of an n > 1 request merge choice by choice; a choice keeps the finish
+    reason it ended with in ``first`` when ``then`` has nothing more of it.
+    """
     if first is None:
         return then
+    if first.choices is not None and then.choices is not None:
+        choices = [_merge_choice(a, b) for a, b in zip(first.choices, then.choices, strict=True)]
+        return EngineOutput(choices=choices, finished=then.finished)
     logprobs = None
     if first.logprobs is not None or then.logprobs is not None:
         logprobs = (first.logprobs or []) + (then.logprobs or [])
@@ -73,6 +80,13 @@ def merge_outputs(first: EngineOutput | None, then: EngineOutput) -> EngineOutpu
     )
 
 
+def _merge_choice(first: EngineOutput, then: EngineOutput) -> EngineOutput:
+    merged = merge_outputs(first, then)
+    merged.finished = first.finished or then.finished
+    merged.finish_reason = then.finish_reason or first.finish_reason
+    return merged
+
+
 def text_tensor(value: str) -> npt.NDArray[Any]:
     """One UTF-8 string as a 1-element BYTES tensor, the shape of every text output."""
     tensor = np.empty(1, dtype=np.object_)
@@ -87,6 +101,8 @@ def build_outputs(
     prefix: str = "",
 ) -> dict[str, npt.NDArray[Any]]:
     """Tensors for one response; ``prefix`` is the echoed prompt, if any."""
+    if output.choices is not None:
+        return _choice_outputs(output.choices, returns, num_input_tokens, prefix)
     tensors = {"text_output": text_tensor(prefix + output.text)}
     if returns.finish_reason:
         tensors["finish_reason"] = text_tensor(str(output.finish_reason))
@@ -102,4 +118,32 @@ def build_outputs(
         tensors["num_output_tokens"] = np.array([len(output.token_ids)], dtype=np.uint32)
     if returns.output_ids:
         tensors["output_ids"] = np.array(output.token_ids, dtype=np.int32)
+    return tensors
+
+
+def _choice_outputs(
+    choices: list[EngineOutput], returns: ReturnFlags, num_input_tokens: int, prefix: str
+) -> dict[str, npt.NDArray[Any]]:
+    """Tensors of an n > 1 response: one element per sequence, in index order, as
+    vllm_backend sends them (``cumulative_logprob`` only where every sequence has one)."""
+
+    def texts(values: list[str]) -> npt.NDArray[Any]:
+        tensor = np.empty(len(values), dtype=np.object_)
+        tensor[:] = [value.encode("utf-8") for value in values]
+        return tensor
+
+    tensors = {"text_output": texts([prefix + c.text for c in choices])}
+    if returns.finish_reason:
+        tensors["finish_reason"] = texts([str(c.finish_reason) for c in choices])
+    sums = [c.cumulative_logprob for c in choices]
+    if returns.cumulative_logprob and all(v is not None for v in sums):
+        tensors["cumulative_logprob"] = np.array(sums, dtype=np.float32)
+    if returns.logprobs:
+        tensors["logprobs"] = texts([json.dumps(c.logprobs) for c in choices])
+    if returns.num_input_tokens:
+        tensors["num_input_tokens"] = np.array([num_input_tokens], dtype=np.uint32)
+    if returns.num_output_tokens:
+        tensors["num_output_tokens"] = np.array(
+            [len(c.token_ids) for c in choices], dtype=np.uint32
+        )
     return tensors

@@ -479,7 +479,7 @@ class Runtime:
             await self._abort_quietly(request_id)
             if (cause := self.engine.failure()) is not None:
                 self._send(entry, None, self._failure_error(cause), True)
-            elif isinstance(exc, ValueError) and timing.generated == 0:
+            elif isinstance(exc, self.engine.refusals) and timing.generated == 0:
                 # The engine refused the request as it took it: the client's to fix.
                 self._send(entry, None, engine_refusal(exc, SAMPLING_KEYS), True)
             else:
@@ -513,7 +513,13 @@ class Runtime:
         if self._failure is not None:  # failed between submit() and now
             raise self._failure_error()
         send = functools.partial(self._send, entry)
-        taker = _Streamed(send) if request.stream else _Aggregated(send)
+        taker: _Streamed | _Aggregated | _Choices
+        if request.sampling.n > 1:
+            taker = _Choices(send, request.sampling.n, request.stream)
+        elif request.stream:
+            taker = _Streamed(send)
+        else:
+            taker = _Aggregated(send)
         admission = self.admission
 
         def take(delta: EngineOutput) -> bool:
@@ -761,3 +767,52 @@ class _Aggregated:
 
     def close(self) -> None:
         self._send(self._generation.as_output(), None, True)
+
+
+class _Choices:
+    """A request for n > 1 sequences of one prompt: each response carries all n, in
+    index order (vllm_backend's shape); the request ends once every sequence has.
+
+    Streamed, a response carries what each sequence added since the last one (empty
+    for a sequence that added nothing); a delta without text waits for the next one,
+    unless it ends its sequence. Not streamed, one response carries the n whole texts.
+    """
+
+    __slots__ = ("_done", "_held", "_send", "_stream", "_whole")
+
+    def __init__(self, send: _Send, n: int, stream: bool) -> None:
+        self._send = send
+        self._stream = stream
+        self._whole = [Generation() for _ in range(n)]
+        self._held: EngineOutput | None = None
+        self._done = [False] * n
+
+    def _blank(self) -> EngineOutput:
+        return EngineOutput(choices=[EngineOutput(index=i) for i in range(len(self._done))])
+
+    def take(self, delta: EngineOutput) -> None:
+        index = delta.index
+        if not 0 <= index < len(self._done):
+            raise RuntimeError(f"the engine sent sequence {index} of {len(self._done)}")
+        self._done[index] = self._done[index] or delta.finished
+        if not self._stream:
+            self._whole[index].add(delta)
+            return
+        update = self._blank()
+        assert update.choices is not None
+        update.choices[index] = delta
+        finished = all(self._done)
+        update.finished = finished
+        held = self._held = merge_outputs(self._held, update)
+        if delta.text or delta.finished:
+            self._send(held, None, finished)
+            self._held = None
+
+    def close(self) -> None:
+        if not self._stream:
+            whole = [generation.as_output() for generation in self._whole]
+            self._send(EngineOutput(choices=whole, finished=True), None, True)
+        elif self._held is not None:
+            self._send(self._held, None, True)
+        elif not all(self._done):  # the engine stopped without every sequence's end
+            self._send(None, None, True)

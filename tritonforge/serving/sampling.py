@@ -25,6 +25,9 @@ MAX_LOGPROBS = 20
 #: ``priority`` lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT]: bounded so that engines with a
 #: bounded scale (TensorRT-LLM's [0, 1]) can map it without clipping.
 PRIORITY_LIMIT = 100
+#: Sequences one request may ask for, at most: a request holds one place of the model's
+#: ``max_inflight`` however many it asks for, so the bound is this project's own.
+MAX_N = 128
 
 
 #: Options that may stand beside the kind (vLLM's names).
@@ -243,7 +246,7 @@ _SPECS: dict[str, tuple[Callable[[str, Any], Any], Check, str]] = {
     "skip_special_tokens": (_as_bool, None, ""),
     "include_stop_str_in_output": (_as_bool, None, ""),
     "structured_outputs": (_as_structured, None, ""),
-    "n": (_as_int, lambda v: v == 1, "only n = 1 is supported (one sequence per request)"),
+    "n": (_as_int, lambda v: 1 <= v <= MAX_N, f"must be in [1, {MAX_N}]"),
     "timeout_s": (_as_float, lambda v: v > 0, "must be a positive number of seconds"),
     "lora_name": (_as_adapter_name, None, ""),
     "slo_ttft_ms": (_as_float, lambda v: v > 0, "must be a positive number of milliseconds"),

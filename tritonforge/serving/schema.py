@@ -128,6 +128,11 @@ def parse_request(
     stream, prepend_input = _echo(inputs, text_prompt=prompt is not None)
     returns = _returns(inputs, token_level=prompt_ids is not None)
     sampling = _sampling(inputs, parameters, dialect_sampling, defaults=defaults)
+    if sampling.n > 1 and returns.output_ids:
+        raise RequestError(
+            "return_output_ids",
+            f"one tensor holds the ids of one sequence; with n = {sampling.n} set it false",
+        )
     return GenerateRequest(
         prompt=prompt,
         messages=chat[0] if chat else None,

@@ -97,7 +97,7 @@ def test_transport_parameters_are_not_sampling_keys() -> None:
         ({"stop": [""]}, "sampling_parameters.stop", "must not be empty"),
         ({"stop_token_ids": [1, -3]}, "sampling_parameters.stop_token_ids[1]", ">= 0"),
         ({"logprobs": 50}, "sampling_parameters.logprobs", "[0, 20]"),
-        ({"n": 2}, "sampling_parameters.n", "only n = 1"),
+        ({"n": 0}, "sampling_parameters.n", "in [1, 128]"),
         ({"ignore_eos": "yes"}, "sampling_parameters.ignore_eos", "true or false"),
         ({"bogus": 1}, "sampling_parameters.bogus", "unknown sampling parameter"),
         ({"min_tokens": 9, "max_tokens": 4}, "sampling_parameters.min_tokens", "<= max_tokens"),

@@ -186,3 +186,81 @@ def test_metrics_observe_per_token_and_the_request_histograms() -> None:
     assert seen["vllm:request_params_n"] == [2]
     assert _Family.buckets["vllm:request_prompt_tokens"] == [1, 2, 5, 10, 20, 50, 100]
     assert _Family.buckets["vllm:request_params_n"] == [1, 2, 5, 10, 20]
+
+
+# --- n > 1: one request, n sequences, each response one element per sequence ----------
+
+
+class _TwoSequences(ScriptedEngine):
+    """Deltas of two sequences, interleaved as an engine steps them."""
+
+    max_n = 2
+
+    def __init__(self) -> None:
+        super().__init__(
+            [
+                EngineOutput(text="a", token_ids=[1], index=0),
+                EngineOutput(text="b", token_ids=[2], index=1),
+                EngineOutput(text="", token_ids=[3], index=1),  # no text yet: waits
+                EngineOutput(
+                    text="c", token_ids=[4], index=0, finished=True, finish_reason="length"
+                ),
+                EngineOutput(text="d", token_ids=[5], index=1, finished=True, finish_reason="stop"),
+            ]
+        )
+
+
+def _texts(tensors: dict[str, np.ndarray]) -> list[str]:
+    return [value.decode() for value in tensors["text_output"]]
+
+
+def _flags(stream: bool) -> dict[str, np.ndarray]:
+    return {
+        name: np.array([True])
+        for name in ("return_finish_reason", "return_num_output_tokens", "return_num_input_tokens")
+    } | {"stream": np.array([stream])}
+
+
+def _request(stream: bool, **sampling: object):
+    inputs = {"text_input": text("hi"), "sampling_parameters": text(json.dumps(sampling))}
+    return parse_request(inputs | _flags(stream))
+
+
+def test_n_sequences_not_streamed_come_in_one_response_one_element_each() -> None:
+    channel = serve_once(_TwoSequences(), _request(False, n=2), RecordingChannel())
+    (tensors,) = channel.responses()
+    assert _texts(tensors) == ["hiac", "hibd"]  # each echoes the prompt, as upstream
+    assert [r.decode() for r in tensors["finish_reason"]] == ["length", "stop"]
+    assert tensors["num_output_tokens"].tolist() == [2, 3]
+    assert tensors["num_input_tokens"].tolist() == [2]
+
+
+def test_n_sequences_streamed_carry_each_sequences_delta_in_its_place() -> None:
+    channel = serve_once(_TwoSequences(), _request(True, n=2), RecordingChannel())
+    sent = channel.responses()
+    assert all(len(_texts(t)) == 2 for t in sent)
+    assert ["".join(t) for t in zip(*(_texts(t) for t in sent), strict=True)] == ["ac", "bd"]
+    totals = np.sum([t["num_output_tokens"] for t in sent], axis=0).tolist()
+    assert totals == [2, 3]
+    reasons = [{r.decode() for r in t["finish_reason"][i : i + 1]} for t in sent for i in (0, 1)]
+    ended = [set().union(*reasons[i::2]) - {"None"} for i in (0, 1)]
+    assert ended == [{"length"}, {"stop"}]  # each once, however responses were coalesced
+    assert channel.sent[-1][2] is True and len(channel.errors()) == 0
+
+
+def test_n_beyond_what_the_engine_samples_together_is_refused_naming_n() -> None:
+    with pytest.raises(RequestError) as info:
+        ScriptedEngine().prepare(_request(False, n=2))
+    assert info.value.field == "sampling_parameters.n"
+    assert "at most 1 sequence" in info.value.rule
+
+
+def test_output_ids_of_n_sequences_are_refused_naming_the_flag() -> None:
+    inputs = {
+        "text_input": text("hi"),
+        "sampling_parameters": text(json.dumps({"n": 2})),
+        "return_output_ids": np.array([True]),
+    }
+    with pytest.raises(RequestError) as info:
+        parse_request(inputs)
+    assert info.value.field == "return_output_ids"
