@@ -454,6 +454,13 @@ class Admission:
                 tracked.batch_tokens += max(batch, 1) * count
             tracked.last_token_at = now
 
+    def predicted_ttft_s(self, request_id: str) -> float | None:
+        """The TTFT predicted when ``request_id`` was admitted (None: no prediction yet,
+        or not admitted): what a trace of the request shows beside the decision."""
+        with self._lock:
+            tracked = self._requests.get(request_id)
+            return None if tracked is None else tracked.predicted_ttft_s
+
     def release(self, request_id: str) -> None:
         """Forget a finished, cancelled or failed request; its mean TPOT over the step
         predicted at the mean batch it decoded in feeds the TPOT rule's scaling."""

@@ -34,16 +34,15 @@ import functools
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy.typing as npt
 
 from tritonforge.engines.base import Engine, EngineOutput, EngineStats, PreparedPrompt
-from tritonforge.serving.admission import Admission
+from tritonforge.serving.admission import ADMITTED, NO_SLO, Admission
 from tritonforge.serving.errors import (
     DeadlineExceeded,
     EngineBusy,
@@ -52,10 +51,14 @@ from tritonforge.serving.errors import (
     engine_refusal,
 )
 from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
+from tritonforge.serving.request_ids import DuplicateRequestId, new_request_id
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
 from tritonforge.serving.sampling import SAMPLING_KEYS
 from tritonforge.serving.schema import GenerateRequest
 from tritonforge.triton.server_watch import UNLOAD_RESERVE_S, ShutdownWatch
+
+if TYPE_CHECKING:
+    from tritonforge.serving.tracing import RequestTrace, RuntimeTracer
 
 T = TypeVar("T")
 
@@ -198,6 +201,8 @@ class _Inflight:
     timing: _Timing | None = None
     #: An engine output → its response tensors (the outputs the request asked for).
     build: Callable[[EngineOutput], dict[str, npt.NDArray[Any]]] | None = None
+    #: Its trace (tracing.py) when it is traced; None costs the request nothing.
+    trace: RequestTrace | None = None
 
 
 class Runtime:
@@ -217,10 +222,13 @@ class Runtime:
         stream_policy: StreamPolicy | None = None,
         response_threads: int | None = None,
         admission: Admission | None = None,
+        tracer: RuntimeTracer | None = None,
     ) -> None:
         self.engine = engine
         #: SLO-aware admission (admission.py); None: every request within max_inflight runs.
         self.admission = admission
+        #: Traces requests (tracing.py); None, the default: tracing is off.
+        self.tracer = tracer
         self.metrics = metrics
         self.logger = logger
         self.max_inflight = max_inflight
@@ -277,6 +285,8 @@ class Runtime:
         except Exception as exc:
             self.logger.log_error(f"[tritonforge] engine shutdown failed: {exc!r}")
         self._stop_threads()
+        if self.tracer is not None:
+            self.tracer.shutdown()  # the last requests' spans leave too
         self.logger.log_info("[tritonforge] stopped")
 
     def _stop_threads(self) -> None:
@@ -302,7 +312,12 @@ class Runtime:
     # --- request path ----------------------------------------------------------
 
     def submit(
-        self, request: GenerateRequest, channel: Channel, triton_timeout_s: float | None = None
+        self,
+        request: GenerateRequest,
+        channel: Channel,
+        triton_timeout_s: float | None = None,
+        request_id: str = "",
+        traceparent: str | None = None,
     ) -> None:
         """Hand a parsed request to the engine loop (called on Triton's thread).
 
@@ -312,7 +327,34 @@ class Runtime:
         ``triton_timeout_s`` is Triton's own request timeout when the client set one;
         the request's deadline is the smaller of it and ``timeout_s``, counted from here.
         Triton 2.51 workaround W2, see docs/triton-2.51-workarounds.md.
+
+        ``request_id`` is the client's id for the request (one is made if it has none):
+        the engine's id for it, and the one its logs, errors and trace carry; one
+        already in flight is refused (:class:`DuplicateRequestId`). ``traceparent``
+        is the caller's trace context, the parent of the request's spans when traced.
         """
+        request_id = request_id or new_request_id()
+        if self.tracer is None:
+            self._submit(request, channel, triton_timeout_s, request_id, None)
+            return
+        trace = self.tracer.begin(request_id, request, traceparent)
+        if trace is None:  # not sampled
+            self._submit(request, channel, triton_timeout_s, request_id, None)
+            return
+        try:
+            self._submit(request, trace.channel(channel), triton_timeout_s, request_id, trace)
+        except BaseException as exc:
+            trace.refused(exc)
+            raise
+
+    def _submit(
+        self,
+        request: GenerateRequest,
+        channel: Channel,
+        triton_timeout_s: float | None,
+        request_id: str,
+        trace: RequestTrace | None,
+    ) -> None:
         if self.admission is not None:  # the TPOT rule needs no prompt: refuse before it
             self.admission.screen(request.sampling)
         prepared = self.engine.prepare(request)
@@ -323,11 +365,21 @@ class Runtime:
                 raise EngineUnavailable("the model is unloading; no new requests are accepted")
             if len(self._inflight) >= self.max_inflight:
                 raise EngineBusy.at_bound("model", self.max_inflight)
-            request_id = uuid.uuid4().hex
+            if request_id in self._inflight:
+                raise DuplicateRequestId(request_id)
             if self.admission is not None:  # raises SloUnattainable: refused at once
+                admitting = time.perf_counter()
                 self.admission.admit(request_id, len(prepared.token_ids), request.sampling)
+                if trace is not None:
+                    trace.admitted(
+                        admission_decision(request),
+                        self.admission.predicted_ttft_s(request_id),
+                        admitting,
+                        time.perf_counter(),
+                    )
             deadline = Deadline.tightest(request.sampling.timeout_s, triton_timeout_s)
             entry = _Inflight(request_id, channel, Outbox(self.stream_policy), deadline)
+            entry.trace = trace
             self._inflight[request_id] = entry
         self._loop.call_soon_threadsafe(self._begin, request_id, request, prepared, entry)
 
@@ -440,6 +492,24 @@ class Runtime:
         finally:  # a metrics failure is logged by the job loop; the response still goes
             tensors = None if final.output is None else self._tensors(entry, final.output)
             entry.channel.send(tensors, final.error, True)
+            if entry.trace is not None:
+                self._end_trace(entry, entry.trace, final)
+
+    @staticmethod
+    def _end_trace(entry: _Inflight, trace: RequestTrace, final: Final) -> None:
+        """Build a traced request's spans from what its metrics recorded."""
+        timing = entry.timing
+        record = final.record if isinstance(final.record, RequestRecord) else None
+        trace.end(
+            timing.started if timing is not None else None,
+            timing.first_token_at if timing is not None else None,
+            timing.last_token_at if timing is not None and timing.generated else None,
+            timing.prompt_tokens if timing is not None else None,
+            timing.generated if timing is not None else 0,
+            final.output,
+            final.error,
+            record.outcome if record is not None else "failed",
+        )
 
     @staticmethod
     def _tensors(entry: _Inflight, output: EngineOutput) -> dict[str, npt.NDArray[Any]]:
@@ -483,7 +553,7 @@ class Runtime:
                 # The engine refused the request as it took it: the client's to fix.
                 self._send(entry, None, engine_refusal(exc, SAMPLING_KEYS), True)
             else:
-                self.logger.log_error(f"[tritonforge] request failed: {exc!r}")
+                self.logger.log_error(f"[tritonforge] request {request_id} failed: {exc!r}")
                 self._send(entry, None, exc, True)
         finally:
             with self._lock:
@@ -711,6 +781,12 @@ class Runtime:
             job()
         except Exception as exc:
             self.logger.log_error(f"[tritonforge] response thread: {exc!r}")
+
+
+def admission_decision(request: GenerateRequest) -> str:
+    """The admission counter's label for a request admission let in."""
+    sampling = request.sampling
+    return NO_SLO if sampling.slo_ttft_ms is None and sampling.slo_tpot_ms is None else ADMITTED
 
 
 def _wake_up() -> None:

@@ -38,9 +38,11 @@ from tritonforge.serving.dialects import COMMON, Dialect
 from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnavailable, RequestError
 from tritonforge.serving.lora_control import AdapterControl, ControlRequest, parse_control
 from tritonforge.serving.outbox import StreamPolicy
+from tritonforge.serving.request_ids import check_request_id, new_request_id
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import parse_request
+from tritonforge.serving.tracing import TRACEPARENT, context_traceparent, runtime_tracer
 from tritonforge.triton.admission_metrics import model_admission
 from tritonforge.triton.metrics import TritonMetrics
 from tritonforge.triton.reaper import start_reaper
@@ -48,8 +50,9 @@ from tritonforge.triton.server_watch import watch_server
 from tritonforge.triton.tensors import LLM_INPUTS, LLM_OUTPUTS
 
 
-def triton_error(exc: BaseException) -> Any:
-    """Map core exceptions to Triton error codes clients can act on."""
+def triton_error(exc: BaseException, request_id: str = "") -> Any:
+    """Map core exceptions to Triton error codes clients can act on; the message names
+    the request's id (``request_id``) so a client's report finds its server log lines."""
     if isinstance(exc, RequestError):
         code = pb_utils.TritonError.INVALID_ARG
     elif isinstance(exc, EngineBusy | EngineUnavailable | DeadlineExceeded):
@@ -60,7 +63,10 @@ def triton_error(exc: BaseException) -> Any:
         code = pb_utils.TritonError.CANCELLED
     else:
         code = pb_utils.TritonError.INTERNAL
-    return pb_utils.TritonError(str(exc) or type(exc).__name__, code)
+    message = str(exc) or type(exc).__name__
+    if request_id:
+        message = f"{message} [request {request_id}]"
+    return pb_utils.TritonError(message, code)
 
 
 class TensorCache:
@@ -156,6 +162,8 @@ class TritonChannel:
         self._sender = sender
         self._cache = cache
         self._request_id = request_id
+        #: The request's id in the runtime (Triton's, or the one made for it): its errors name it.
+        self.request_id = request_id
         self._closed = False
 
     @property
@@ -179,7 +187,7 @@ class TritonChannel:
             return
         fresh: list[Any] = []
         if error is not None:
-            response = pb_utils.InferenceResponse(error=triton_error(error))
+            response = pb_utils.InferenceResponse(error=triton_error(error, self.request_id))
         elif tensors is not None:
             outputs, fresh = self._cache.tensors(tensors)
             response = pb_utils.InferenceResponse(output_tensors=outputs)
@@ -212,6 +220,22 @@ def triton_timeout_s(request: Any) -> float | None:
     """
     micros = request.timeout()
     return micros / 1_000_000 if micros else None
+
+
+def request_id_of(request: Any) -> str:
+    """The request's id: the client's (Triton's request ``id``), checked, or a new one."""
+    given = request.request_id()
+    return check_request_id(given, "id") if given else new_request_id()
+
+
+def traceparent_of(request: Any, parameters: dict[str, Any]) -> str | None:
+    """The request's trace context: Triton's own span of it when Triton traces
+    (``--trace-config mode=opentelemetry``), else a ``traceparent`` request parameter."""
+    with contextlib.suppress(Exception):  # the stub has no trace for this request
+        if (found := context_traceparent(request.trace().get_context())) is not None:
+            return found
+    value = parameters.get(TRACEPARENT)
+    return value if isinstance(value, str) else None
 
 
 def _request_parameters(request: Any) -> dict[str, Any]:
@@ -284,6 +308,7 @@ class LLMModel:
             shutdown_watch=watch_server(),
             stream_policy=stream_policy,
             admission=admission,
+            tracer=runtime_tracer(args["model_name"], pb_utils.Logger),
         )
         self.runtime.start()
         self.metrics.size_by_context(engine.max_context)
@@ -369,15 +394,22 @@ class LLMModel:
                 if control is not None:
                     self._control(control, channel)
                     continue
+                request_id = channel.request_id = request_id_of(request)
                 inputs, dialect_sampling = self.dialect.translate(raw)
-                parsed = parse_request(
-                    inputs, _request_parameters(request), dialect_sampling, self.defaults
+                parameters = _request_parameters(request)
+                traceparent = parameters.pop(TRACEPARENT, None)  # transport, not sampling
+                if self.runtime.tracer is not None:
+                    traceparent = traceparent_of(request, {TRACEPARENT: traceparent})
+                parsed = parse_request(inputs, parameters, dialect_sampling, self.defaults)
+                self.runtime.submit(
+                    parsed, channel, triton_timeout_s(request), request_id, traceparent
                 )
-                self.runtime.submit(parsed, channel, triton_timeout_s(request))
             except (RequestError, EngineBusy, EngineUnavailable) as exc:
                 channel.send(None, exc, True)
             except Exception as exc:
-                pb_utils.Logger.log_error(f"[tritonforge] execute failed: {exc!r}")
+                pb_utils.Logger.log_error(
+                    f"[tritonforge] request {channel.request_id or '-'}: execute failed: {exc!r}"
+                )
                 channel.send(None, exc, True)
         return None
 

@@ -1,0 +1,388 @@
+"""OpenTelemetry traces of requests: off unless an OTLP endpoint is configured.
+
+Turned on per process by the environment (``TRITONFORGE_OTLP_ENDPOINT``, else the SDK's
+own ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``TRITONFORGE_TRACE_SAMPLING`` the ratio of
+requests without a sampled parent to trace), so the launcher, the server's stubs and the
+OpenAI frontend all follow one setting. Off, nothing here is built: the runtime holds no
+tracer, a request no trace, and its per-token path is what it was.
+
+On, a request's spans are built when it ends, from times the runtime records anyway
+(:class:`~tritonforge.serving.runtime` keeps submit, start, first and last token for
+its metrics); only its sends are timed on the way, by a channel wrapped around the
+request's own (:class:`TracedChannel`). The spans, under one ``tritonforge.request``
+span whose parent is the caller's W3C ``traceparent`` (Triton's own span of the
+request when Triton traces, else the client's):
+
+- ``tritonforge.admission``: the admission decision and its TTFT prediction;
+- ``tritonforge.queue``: from submit until the engine's loop took the request;
+- ``tritonforge.prefill``: from there to the first token (the engine's own queue and
+  the prompt's evaluation: the engine does not say where one ends);
+- ``tritonforge.decode``: first token to last;
+- ``tritonforge.sends``: the streamed responses (how many, time spent sending);
+- ``tritonforge.response.final``: the FINAL response going out.
+
+Attributes follow OpenTelemetry's gen_ai conventions (model, token usage, time to
+first token, finish reasons) plus the request id. No prompt or output text is ever
+put on a span.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tritonforge.serving.errors import RequestError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from tritonforge.engines.base import EngineOutput
+    from tritonforge.serving.runtime import Channel, Logger
+    from tritonforge.serving.schema import GenerateRequest
+
+#: The W3C header (and Triton request parameter) that carries a trace's context.
+TRACEPARENT = "traceparent"
+ENDPOINT_ENV = "TRITONFORGE_OTLP_ENDPOINT"
+OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+SAMPLING_ENV = "TRITONFORGE_TRACE_SAMPLING"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """Where spans go (an OTLP/HTTP traces URL) and which share of requests is traced."""
+
+    endpoint: str | None = None
+    sampling: float = 1.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoint) and self.sampling > 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TraceSettings:
+        """The settings the environment gives; a bad value names its variable."""
+        env = os.environ if env is None else env
+        endpoint = env.get(ENDPOINT_ENV, "").strip() or env.get(OTEL_ENDPOINT_ENV, "").strip()
+        return cls(endpoint or None, parse_sampling(env.get(SAMPLING_ENV, ""), SAMPLING_ENV))
+
+
+def parse_sampling(raw: str, field: str) -> float:
+    """A sampling ratio in [0, 1] (empty: 1, every request)."""
+    if not raw.strip():
+        return 1.0
+    try:
+        ratio = float(raw)
+    except ValueError:
+        raise RequestError(field, f"must be a number in [0, 1], got {raw!r}") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise RequestError(field, f"must be in [0, 1], got {ratio:g}")
+    return ratio
+
+
+def tracer_provider(
+    settings: TraceSettings, service: str, exporter: SpanExporter | None = None
+) -> TracerProvider:
+    """A provider of this process's own (never the global one: an engine may set that).
+
+    Spans leave in batches on the SDK's exporter thread, so a request never waits for
+    the collector. ``exporter`` replaces the OTLP/HTTP one (tests keep spans in memory).
+    """
+    sampler = ParentBased(TraceIdRatioBased(settings.sampling))
+    provider = TracerProvider(resource=Resource({"service.name": service}), sampler=sampler)
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=settings.endpoint)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def parent_context(traceparent: str | None) -> Context | None:
+    """The context a ``traceparent`` value names (None: absent or malformed)."""
+    if not traceparent:
+        return None
+    context = _PROPAGATOR.extract({TRACEPARENT: traceparent})
+    return context if context else None
+
+
+def traceparent_of(span: Span) -> str:
+    """The ``traceparent`` that makes ``span`` the parent of the next hop's spans."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, set_span_in_context(span))
+    return carrier.get(TRACEPARENT, "")
+
+
+class _Clock:
+    """``time.perf_counter()`` seconds as epoch nanoseconds (what spans are stamped in)."""
+
+    __slots__ = ("offset_ns",)
+
+    def __init__(self) -> None:
+        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+
+    def ns(self, perf_s: float) -> int:
+        return int(perf_s * 1e9) + self.offset_ns
+
+
+class RuntimeTracer:
+    """Starts one :class:`RequestTrace` per sampled request of one model."""
+
+    def __init__(self, provider: TracerProvider, model: str, logger: Logger) -> None:
+        self.provider = provider
+        self.model = model
+        self.logger = logger
+        self._tracer: Tracer = provider.get_tracer("tritonforge.serving")
+
+    def begin(
+        self, request_id: str, request: GenerateRequest, traceparent: str | None
+    ) -> RequestTrace | None:
+        """The request's trace, or None if it is not sampled (then nothing more is done)."""
+        attributes: dict[str, Any] = {
+            "tritonforge.request_id": request_id,
+            "gen_ai.operation.name": "chat" if request.messages is not None else "text_completion",
+            "gen_ai.request.model": self.model,
+            "gen_ai.request.max_tokens": request.sampling.max_tokens,
+            "tritonforge.stream": request.stream,
+        }
+        root = self._tracer.start_span(
+            "tritonforge.request",
+            context=parent_context(traceparent),
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+        )
+        if not root.is_recording():
+            return None
+        return RequestTrace(self, root, request_id)
+
+    def shutdown(self) -> None:
+        """Export what is left (a model unloading): spans of its last requests too."""
+        self.provider.shutdown()
+
+
+class RequestTrace:
+    """One traced request: its root span, and the times its child spans are built from.
+
+    Sends are timed on response threads, the rest on the engine's loop; the spans are
+    built once, by :meth:`end`, after the FINAL response went out.
+    """
+
+    def __init__(self, tracer: RuntimeTracer, root: Span, request_id: str) -> None:
+        self.tracer = tracer
+        self.root = root
+        self.request_id = request_id
+        self.clock = _Clock()
+        self.submitted = time.perf_counter()
+        self.sends = 0
+        self.send_busy_s = 0.0
+        self.first_send: float | None = None
+        self.last_send_end: float | None = None
+        self.final_send: tuple[float, float] | None = None
+        self._lock = threading.Lock()
+        self._ended = False
+
+    def channel(self, inner: Channel) -> TracedChannel:
+        """``inner`` with every send timed for this trace."""
+        return TracedChannel(inner, self)
+
+    def _span(
+        self, name: str, start: float, end: float, attributes: Mapping[str, Any] | None = None
+    ) -> Span:
+        context = set_span_in_context(self.root)
+        span = self.tracer._tracer.start_span(
+            name, context=context, start_time=self.clock.ns(start), attributes=attributes
+        )
+        span.end(end_time=self.clock.ns(max(end, start)))
+        return span
+
+    def admitted(
+        self, decision: str, predicted_ttft_s: float | None, started: float, ended: float
+    ) -> None:
+        """The admission span of a request admission let in (``decision``: its counter's label)."""
+        attributes: dict[str, Any] = {"tritonforge.admission.decision": decision}
+        if predicted_ttft_s is not None:
+            attributes["tritonforge.admission.predicted_ttft_ms"] = predicted_ttft_s * 1000
+        self._span("tritonforge.admission", started, ended, attributes)
+
+    def refused(self, error: BaseException) -> None:
+        """The request never reached the engine (admission, a full model, a bad id…)."""
+        from tritonforge.serving.admission import SloUnattainable
+
+        now = time.perf_counter()
+        if isinstance(error, SloUnattainable):
+            span = self._span(
+                "tritonforge.admission",
+                self.submitted,
+                now,
+                {"tritonforge.admission.decision": "refused"},
+            )
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        self._finish("refused", error, now)
+
+    def sent(self, started: float, ended: float, final: bool) -> None:
+        """One response went out (a response thread)."""
+        if final:
+            self.final_send = (started, ended)
+            return
+        if self.first_send is None:
+            self.first_send = started
+        self.sends += 1
+        self.send_busy_s += ended - started
+        self.last_send_end = ended
+
+    def end(
+        self,
+        started: float | None,
+        first_token_at: float | None,
+        last_token_at: float | None,
+        prompt_tokens: int | None,
+        output_tokens: int,
+        output: EngineOutput | None,
+        error: BaseException | None,
+        outcome: str,
+    ) -> None:
+        """Build the request's spans and end its root (after its FINAL response went out).
+
+        ``started``: when the engine's loop took it; token times as the metrics saw them.
+        """
+        root = self.root
+        if started is not None:
+            self._span("tritonforge.queue", self.submitted, started)
+            if first_token_at is not None:
+                self._span(
+                    "tritonforge.prefill",
+                    started,
+                    first_token_at,
+                    {"gen_ai.usage.input_tokens": prompt_tokens or 0},
+                )
+                root.set_attribute("gen_ai.server.time_to_first_token", first_token_at - started)
+                if last_token_at is not None:
+                    self._span(
+                        "tritonforge.decode",
+                        first_token_at,
+                        last_token_at,
+                        {"gen_ai.usage.output_tokens": output_tokens},
+                    )
+        if self.first_send is not None and self.last_send_end is not None:
+            self._span(
+                "tritonforge.sends",
+                self.first_send,
+                self.last_send_end,
+                {
+                    "tritonforge.sends.count": self.sends,
+                    "tritonforge.sends.busy_ms": self.send_busy_s * 1000,
+                },
+            )
+        if self.final_send is not None:
+            self._span("tritonforge.response.final", *self.final_send)
+        if prompt_tokens is not None:
+            root.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
+        root.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+        reasons = finish_reasons(output)
+        if reasons:
+            root.set_attribute("gen_ai.response.finish_reasons", reasons)
+        ended = self.final_send[1] if self.final_send is not None else time.perf_counter()
+        self._finish(outcome, error, ended, prompt_tokens, output_tokens, first_token_at, started)
+
+    def _finish(
+        self,
+        outcome: str,
+        error: BaseException | None,
+        ended: float,
+        prompt_tokens: int | None = None,
+        output_tokens: int = 0,
+        first_token_at: float | None = None,
+        started: float | None = None,
+    ) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        root = self.root
+        root.set_attribute("tritonforge.outcome", outcome)
+        if error is not None:
+            why = "cancelled by the client" if outcome == "cancelled" else str(error)
+            root.set_status(Status(StatusCode.ERROR, why or type(error).__name__))
+        root.end(end_time=self.clock.ns(ended))
+        ttft = ""
+        if first_token_at is not None and started is not None:
+            ttft = f", first token after {(first_token_at - self.submitted) * 1000:.0f} ms"
+        tokens = f", {prompt_tokens} prompt + {output_tokens} output tokens"
+        self.tracer.logger.log_info(
+            f"[tritonforge] request {self.request_id}: {outcome}"
+            f"{tokens if prompt_tokens is not None else ''}{ttft}, "
+            f"{(ended - self.submitted) * 1000:.0f} ms "
+            f"(trace {root.get_span_context().trace_id:032x})"
+        )
+
+
+def finish_reasons(output: EngineOutput | None) -> list[str]:
+    """The finish reasons an output carries: its own, or each sequence's (n > 1)."""
+    if output is None:
+        return []
+    if output.choices:
+        return [choice.finish_reason for choice in output.choices if choice.finish_reason]
+    return [output.finish_reason] if output.finish_reason else []
+
+
+class TracedChannel:
+    """A request's :class:`~tritonforge.serving.runtime.Channel` whose sends are timed.
+
+    Only a traced request's channel is wrapped: untraced requests send as before.
+    """
+
+    __slots__ = ("_inner", "_trace")
+
+    def __init__(self, inner: Channel, trace: RequestTrace) -> None:
+        self._inner = inner
+        self._trace = trace
+
+    def send(
+        self, tensors: dict[str, npt.NDArray[Any]] | None, error: BaseException | None, final: bool
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            self._inner.send(tensors, error, final)
+        finally:
+            self._trace.sent(started, time.perf_counter(), final)
+
+    def is_cancelled(self) -> bool:
+        return self._inner.is_cancelled()
+
+
+def runtime_tracer(
+    model: str, logger: Logger, env: Mapping[str, str] | None = None
+) -> RuntimeTracer | None:
+    """The tracer of one model's runtime, or None when the environment leaves tracing off."""
+    settings = TraceSettings.from_env(env)
+    if not settings.enabled:
+        return None
+    return RuntimeTracer(tracer_provider(settings, "tritonforge-runtime"), model, logger)
+
+
+def context_traceparent(context_json: str | None) -> str | None:
+    """The ``traceparent`` in a trace context Triton hands a model (a JSON object of
+    W3C headers, python_backend's ``request.trace().get_context()``), if any."""
+    if not context_json:
+        return None
+    import json
+
+    try:
+        headers = json.loads(context_json)
+    except ValueError:
+        return None
+    value = headers.get(TRACEPARENT) if isinstance(headers, dict) else None
+    return value if isinstance(value, str) and value else None
