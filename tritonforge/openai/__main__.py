@@ -8,18 +8,30 @@ thousands of streamed requests a minute should not spend its time writing them.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 import uvicorn
 
 from tritonforge.openai.app import DEFAULT_CHAT_MAX_TOKENS, create_app
+from tritonforge.serving.tracing import ENDPOINT_ENV, SAMPLING_ENV, parse_sampling
 
 
 def default_metrics_url(triton_grpc: str) -> str:
     """Triton's metrics beside its gRPC endpoint, on the port the launcher gives them."""
     host = triton_grpc.rsplit(":", 1)[0]
     return f"http://{host}:{os.environ.get('TRITON_METRICS_PORT', '8002')}/metrics"
+
+
+def _log_requests(level: str) -> None:
+    """Print the frontend's own lines (a traced request's id, status and trace) as
+    uvicorn prints its own."""
+    logger = logging.getLogger("tritonforge.openai")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +61,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--access-log", action="store_true", help="log each request's path")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OpenTelemetry: send traces of requests to this OTLP/HTTP traces URL "
+        f"(e.g. http://127.0.0.1:4318/v1/traces; default ${ENDPOINT_ENV}, else "
+        "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; unset: tracing is off)",
+    )
+    parser.add_argument(
+        "--trace-sampling",
+        default=None,
+        help="share of requests without a sampled traceparent that are traced, 0 to 1 "
+        f"(default ${SAMPLING_ENV}, else 1)",
+    )
     args = parser.parse_args(argv)
+    # The flags win over the environment, which the tracer reads (as Triton's stubs do).
+    if args.otlp_endpoint is not None:
+        os.environ[ENDPOINT_ENV] = args.otlp_endpoint
+    if args.trace_sampling is not None:
+        try:
+            parse_sampling(args.trace_sampling, "--trace-sampling")
+        except ValueError as exc:
+            parser.error(str(exc))
+        os.environ[SAMPLING_ENV] = args.trace_sampling
+    _log_requests(args.log_level)
     metrics = args.triton_metrics or default_metrics_url(args.triton_grpc)
     app = create_app(args.triton_grpc, args.default_max_tokens or None, triton_metrics=metrics)
     uvicorn.run(

@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tritonforge.heap import freeze_startup_heap
-from tritonforge.openai import embeddings, tools, translate
+from tritonforge.openai import embeddings, request_context, tools, translate
 from tritonforge.openai.adapters import (
     AdapterCatalogue,
     LoadLoRAAdapterRequest,
@@ -595,6 +595,11 @@ def create_app(
 
     app = FastAPI(title="tritonforge OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
+    # Request ids and trace context (request_context.py); the tracer is None unless
+    # tracing is configured.
+    app.add_middleware(
+        request_context.RequestContextMiddleware, provider=request_context.frontend_tracer()
+    )
     _answer_errors_in_openai_shape(app)
 
     async def ready_models() -> list[str]:

@@ -36,6 +36,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.openai import request_context
 from tritonforge.openai.embeddings import Prompt, input_error
 from tritonforge.openai.errors import (
     OpenAIError,
@@ -388,11 +389,16 @@ class TritonGateway:
         return [(vectors[i], int(counts[i][0])) for i in range(len(rows))]
 
     def stream(self, model: str, request: TritonRequest) -> TritonStream:
-        """Send one request to ``model`` and return its responses as they come."""
+        """Send one request to ``model`` and return its responses as they come.
+
+        It carries the HTTP request's id and trace context (request_context.py).
+        """
         inputs = request_inputs(request)
+        context = request_context.current()
+        settings = request_context.triton_call_settings(context)
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": model, "inputs": inputs}
+            yield {"model_name": model, "inputs": inputs, **settings}
 
-        call = self.client.stream_infer(one_request())
+        call = self.client.stream_infer(one_request(), headers=request_context.metadata(context))
         return TritonStream(call, model, self.url, self.forget)

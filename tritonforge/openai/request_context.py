@@ -1,0 +1,177 @@
+"""Every HTTP request's id and trace context, from its headers to its Triton request.
+
+An ASGI middleware, around every route: it takes the client's ``X-Request-Id`` (or
+makes one), answers it in the response's ``X-Request-Id`` header — errors included —
+and keeps it for the request's Triton call (:func:`current`), which sends it as the
+Triton request's id: the engine, the server's logs and its errors then name the id
+the client holds. A bad id is a 400 naming the header.
+
+A W3C ``traceparent`` header is passed on to Triton (as gRPC metadata, for Triton's
+own OpenTelemetry trace, and as a request parameter, for the model's runtime). With
+tracing configured (:class:`~tritonforge.serving.tracing.TraceSettings`) the frontend
+adds a span of its own for the request under the client's, and passes that on instead;
+one log line per traced request then names its id, status, time and trace.
+
+Nothing here reads a request's body: no prompt reaches a span or a log line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tritonforge.openai.errors import invalid
+from tritonforge.openai.responses import to_json
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.request_ids import check_request_id, new_request_id
+from tritonforge.serving.tracing import (
+    TRACEPARENT,
+    TraceSettings,
+    parent_context,
+    traceparent_of,
+    tracer_provider,
+)
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_log = logging.getLogger("tritonforge.openai")
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a route's Triton call carries on: the request's id and trace context."""
+
+    request_id: str
+    #: The ``traceparent`` for Triton: the frontend's span, else the client's header.
+    traceparent: str | None = None
+
+
+_CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "tritonforge_openai_request", default=None
+)
+
+
+def current() -> RequestContext | None:
+    """The HTTP request being served (None outside one: a unit test's direct call)."""
+    return _CURRENT.get()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class RequestContextMiddleware:
+    """Ids and trace context for every HTTP request (see the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, provider: TracerProvider | None = None) -> None:
+        self.app = app
+        self.provider = provider
+        self._tracer = provider.get_tracer("tritonforge.openai") if provider else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"x-request-id")
+        try:
+            request_id = new_request_id() if given is None else check_request_id(given, "")
+        except RequestError as error:
+            await self._refuse(error.rule, send)
+            return
+        traceparent = _header(scope, TRACEPARENT.encode())
+        span = self._start_span(scope, request_id, traceparent)
+        if span is not None:
+            traceparent = traceparent_of(span)
+        status = 500
+        id_header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
+        token = _CURRENT.set(RequestContext(request_id, traceparent))
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _CURRENT.reset(token)
+            if span is not None:
+                self._end_span(span, scope, request_id, status, started)
+
+    def _start_span(self, scope: Scope, request_id: str, traceparent: str | None) -> Span | None:
+        if self._tracer is None:
+            return None
+        span = self._tracer.start_span(
+            f"{scope.get('method', '')} {scope.get('path', '')}",
+            context=parent_context(traceparent),
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": str(scope.get("method", "")),
+                "url.path": str(scope.get("path", "")),
+                "tritonforge.request_id": request_id,
+            },
+        )
+        return span if span.is_recording() else None
+
+    @staticmethod
+    def _end_span(span: Span, scope: Scope, request_id: str, status: int, started: float) -> None:
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        span.end()
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+        _log.info(
+            "request %s: %s %s -> %d in %.0f ms (trace %s)",
+            request_id,
+            scope.get("method", ""),
+            scope.get("path", ""),
+            status,
+            (time.perf_counter() - started) * 1000,
+            trace_id,
+        )
+
+    @staticmethod
+    async def _refuse(rule: str, send: Send) -> None:
+        error = invalid(f"{REQUEST_ID_HEADER} header: {rule}", REQUEST_ID_HEADER)
+        body = to_json(error.body())
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def frontend_tracer(settings: TraceSettings | None = None) -> TracerProvider | None:
+    """The frontend's tracer provider, or None when tracing is off (the default)."""
+    settings = settings or TraceSettings.from_env()
+    return tracer_provider(settings, "tritonforge-openai") if settings.enabled else None
+
+
+def triton_call_settings(context: RequestContext | None) -> dict[str, Any]:
+    """What a Triton request of ``context`` carries: its id, and the trace context as a
+    request parameter (for the model's runtime) — the gRPC metadata is :func:`metadata`."""
+    if context is None:
+        return {}
+    settings: dict[str, Any] = {"request_id": context.request_id}
+    if context.traceparent:
+        settings["parameters"] = {TRACEPARENT: context.traceparent}
+    return settings
+
+
+def metadata(context: RequestContext | None) -> MutableMapping[str, str] | None:
+    """The gRPC metadata of a Triton call of ``context``: ``traceparent``, for Triton's
+    own OpenTelemetry trace to join the client's."""
+    if context is None or not context.traceparent:
+        return None
+    return {TRACEPARENT: context.traceparent}
