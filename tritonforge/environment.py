@@ -104,6 +104,25 @@ VARIABLES: tuple[Variable, ...] = (
         "vLLM embedding model",
     ),
     Variable(
+        "TRITONFORGE_OTLP_ENDPOINT",
+        "unset (tracing off)",
+        "an OTLP/HTTP traces URL: each request is traced as OpenTelemetry spans "
+        "(tritonforge/serving/tracing.py)",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "unset",
+        "the OpenTelemetry SDK's own variable, used when `TRITONFORGE_OTLP_ENDPOINT` is unset",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
+        "TRITONFORGE_TRACE_SAMPLING",
+        "1.0",
+        "share of requests without a sampled parent that are traced",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
         "TRITONFORGE_TEST_MODELS",
         "every model that runs here",
         "comma-separated models the session server loads",
