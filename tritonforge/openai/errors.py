@@ -36,6 +36,7 @@ _SCHEMA_FIELDS = (
     "stream",
     "exclude_input_in_output",
     r"return_[a-z_]+",
+    "id",  # the request's id: one already in flight (serving/request_ids.py)
 )
 _FIELD = re.compile(
     r"^(?:[A-Za-z0-9_.-]+: )?"  # guarded_chat: "vllm_model: text_input: prompt is …"
@@ -65,6 +66,7 @@ _PARAM_OF_INPUT = {
     "input_ids": "prompt",
     "sampling_parameters.structured_outputs": "response_format",
     "sampling_parameters.logprobs": "logprobs",
+    "id": "X-Request-Id",  # the frontend sends the header's id as the Triton request's
 }
 
 

@@ -112,8 +112,8 @@ class RequestContextMiddleware:
                 self._end_span(span, scope, request_id, status, started)
 
     def _start_span(self, scope: Scope, request_id: str, traceparent: str | None) -> Span | None:
-        if self._tracer is None:
-            return None
+        if self._tracer is None or not str(scope.get("path", "")).startswith("/v1/"):
+            return None  # health probes and metric scrapes are not requests worth a trace
         span = self._tracer.start_span(
             f"{scope.get('method', '')} {scope.get('path', '')}",
             context=parent_context(traceparent),

@@ -1,0 +1,204 @@
+"""Tracing end to end: one request id and one trace from the client to the engine.
+
+A real OTLP/HTTP receiver (a small HTTP server decoding ``ExportTraceServiceRequest``
+with opentelemetry-proto) takes the spans of a tritonserver of this module's own —
+only ``synthetic_model``, ready in seconds — with Triton's own OpenTelemetry trace
+on, and of the OpenAI frontend in front of it, both with tracing configured as a
+user would (the environment, and Triton's ``--trace-config``). The session's server
+is left alone: its tracing is off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.e2e.client import wait_for
+from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
+from tritonforge.serving.tracing import ENDPOINT_ENV
+from tritonforge.trace.otlp import SpanRecord, decode, otlp_json, spans_of
+
+MODEL = "synthetic_model"
+#: A prompt no span and no log line may contain.
+PROMPT = "canary-5b1f0c tell me about the moons of Jupiter"
+CLIENT_SPAN = "b7ad6b7169203331"
+FRONTEND = "tritonforge-openai"
+RUNTIME = "tritonforge-runtime"
+TRITON = "triton-inference-server"
+
+
+class Receiver:
+    """An OTLP/HTTP traces endpoint on 127.0.0.1: keeps every span, and writes every
+    export request to ``file`` as OTLP JSON (what ``python -m tritonforge.trace`` reads)."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.spans: list[SpanRecord] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                export = otlp_json(decode(body, self.headers.get("Content-Type", "")))
+                with receiver.lock:
+                    receiver.spans.extend(spans_of(export))
+                    with receiver.file.open("a") as out:
+                        out.write(json.dumps(export) + "\n")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def trace(self, trace_id: str) -> list[SpanRecord]:
+        with self.lock:
+            return [span for span in self.spans if span.trace_id == trace_id]
+
+
+def triton_trace_args(url: str) -> list[str]:
+    """Triton's own OpenTelemetry trace of every request, exported to ``url`` quickly."""
+    return [
+        "--trace-config=mode=opentelemetry",
+        "--trace-config=rate=1",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=opentelemetry,url={url}",
+        "--trace-config=opentelemetry,bsp_schedule_delay=100",
+    ]
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAIFrontend, Receiver]]:
+    """The receiver, and the frontend in front of a traced server of this module's own."""
+    where = tmp_path_factory.mktemp("tracing")
+    receiver = Receiver(where / "spans.jsonl")
+    server = TritonServer.on_free_ports(
+        models=[MODEL], extra_args=triton_trace_args(receiver.url), log_path=where / "triton.log"
+    )
+    frontend = OpenAIFrontend.on_free_port(server.grpc_url, log_path=where / "openai.log")
+    with pytest.MonkeyPatch.context() as patch:  # read by both processes as they start
+        patch.setenv(ENDPOINT_ENV, receiver.url)
+        patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        server.start()
+        frontend.start()
+    try:
+        server.wait_ready(120)
+        frontend.wait_ready()
+        yield frontend, receiver
+    finally:
+        frontend.stop()
+        server.stop()
+        receiver.server.shutdown()
+
+
+def chat(
+    frontend: OpenAIFrontend, headers: dict[str, str], max_tokens: int, **extra: object
+) -> requests.Response:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        **extra,
+    }
+    return requests.post(
+        f"{frontend.base_url}/chat/completions", json=body, headers=headers, stream=True, timeout=60
+    )
+
+
+def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id(
+    traced: tuple[OpenAIFrontend, Receiver],
+) -> None:
+    frontend, receiver = traced
+    trace_id = uuid.uuid4().hex
+    request_id = f"tracing-e2e-{uuid.uuid4().hex[:12]}"
+    headers = {"X-Request-Id": request_id, "traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+    with chat(frontend, headers, 8) as reply:
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["X-Request-Id"] == request_id
+        events = reply.text
+    assert events.rstrip().endswith("data: [DONE]")
+
+    def complete() -> bool:
+        names = {(span.service, span.name) for span in receiver.trace(trace_id)}
+        return (
+            {(RUNTIME, "tritonforge.request"), (RUNTIME, "tritonforge.response.final")} <= (names)
+            and any(service == FRONTEND for service, _ in names)
+            and any(service == TRITON for service, _ in names)
+        )
+
+    wait_for(complete, 30, "the frontend's, Triton's and the runtime's spans")
+    spans = receiver.trace(trace_id)
+    by_id = {span.span_id: span for span in spans}
+    for span in spans:  # every span hangs, through its parents, under the client's span
+        seen = span
+        while seen.parent_id != CLIENT_SPAN:
+            assert seen.parent_id in by_id, f"{span.name} ({span.service}) is not linked"
+            seen = by_id[seen.parent_id]
+    [http] = [span for span in spans if span.service == FRONTEND]
+    assert http.parent_id == CLIENT_SPAN
+    [root] = [span for span in spans if span.name == "tritonforge.request"]
+    assert by_id[root.parent_id].service == TRITON, "the runtime's spans are not under Triton's"
+    for span in (http, root):
+        assert span.attributes["tritonforge.request_id"] == request_id
+    assert root.attributes["gen_ai.request.model"] == MODEL
+    assert root.attributes["gen_ai.usage.output_tokens"] > 0
+    assert root.attributes["gen_ai.response.finish_reasons"]
+    runtime_names = {span.name for span in spans if span.parent_id == root.span_id}
+    assert {"tritonforge.queue", "tritonforge.prefill", "tritonforge.sends"} <= runtime_names
+    assert "tritonforge.response.final" in runtime_names
+    assert PROMPT not in json.dumps([span.attributes for span in spans])
+
+    frontend_log = frontend.log_path.read_text(errors="replace") if frontend.log_path else ""
+    triton_log = (frontend.log_path.parent / "triton.log") if frontend.log_path else None
+    server_log = triton_log.read_text(errors="replace") if triton_log else ""
+    assert request_id in frontend_log
+    wait_for(lambda: request_id in triton_log.read_text(errors="replace"), 10, "the runtime's line")
+    assert PROMPT not in frontend_log and PROMPT not in server_log
+
+    timeline = subprocess.run(
+        [sys.executable, "-m", "tritonforge.trace", str(receiver.file), "--request-id", request_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for name in ("POST /v1/chat/completions", "tritonforge.prefill", "tritonforge.decode"):
+        assert name in timeline
+
+
+def test_a_second_request_under_an_id_in_flight_is_refused_naming_it(
+    traced: tuple[OpenAIFrontend, Receiver],
+) -> None:
+    frontend, _ = traced
+    headers = {"X-Request-Id": f"tracing-dup-{uuid.uuid4().hex[:12]}"}
+    # 1,900 tokens at this server's simulated 10 ms a step: 19 s, ended early by the block.
+    with chat(frontend, headers, 1900, ignore_eos=True) as first:
+        assert first.status_code == 200, first.text
+        lines = first.iter_lines()
+        assert next(line for line in lines if line.startswith(b"data:"))  # it is in flight
+        second = requests.post(
+            f"{frontend.base_url}/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers=headers,
+            timeout=60,
+        )
+    assert second.status_code == 400, second.text
+    assert second.headers["X-Request-Id"] == headers["X-Request-Id"]
+    message = second.json()["error"]["message"]
+    assert "already in flight" in message and headers["X-Request-Id"] in message

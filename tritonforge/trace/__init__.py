@@ -1,0 +1,2 @@
+"""Read traces back: one request's timeline from an OTLP export (``python -m
+tritonforge.trace``)."""
