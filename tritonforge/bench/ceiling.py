@@ -41,7 +41,7 @@ from tritonforge.bench.environment import (
     tritonserver_version,
 )
 from tritonforge.bench.metrics import percentile
-from tritonforge.bench.noise import RoundWatch
+from tritonforge.bench.noise import MAX_FOREIGN_CPU_SHARE, RoundWatch, is_noisy
 from tritonforge.bench.run_plan import rotated
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
@@ -95,7 +95,7 @@ class CeilingLoad(Strict):
         default=60, gt=0, description="a request still streaming after this is an error"
     )
     quiet_window_s: float = Field(default=1.0, ge=0)
-    max_foreign_cpu_share: float = Field(default=0.10, gt=0, le=1)
+    max_foreign_cpu_share: float = Field(default=MAX_FOREIGN_CPU_SHARE, gt=0, le=1)
 
     def count_for(self, concurrency: int) -> int:
         return max(self.requests_per_level, int(self.requests_per_concurrency * concurrency))
@@ -323,7 +323,7 @@ def measure(
     result = summarize(records, cpu)
     assert watch.sample is not None
     result["noise"] = watch.sample.model_dump()
-    result["noisy"] = watch.sample.foreign_cpu_share_during > load.max_foreign_cpu_share
+    result["noisy"] = is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share)
     return result
 
 

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tritonforge.bench.noise import MAX_FOREIGN_CPU_SHARE
+
 SHARE_TOLERANCE = 1e-6
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -250,7 +252,7 @@ class Load(Strict):
         "rotated per round; comparisons are judged on the rounds' spread (3 or more)",
     )
     max_foreign_cpu_share: float = Field(
-        default=0.10,
+        default=MAX_FOREIGN_CPU_SHARE,
         gt=0,
         le=1,
         description="above this share of the machine used by other processes during any "

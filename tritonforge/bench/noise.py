@@ -14,12 +14,27 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import psutil
 from pydantic import BaseModel
 
 TOP_FOREIGN = 3  # the busiest other processes named in a sample, so a reader sees who
+#: The share of the machine other processes may take during a measurement before it is
+#: noisy: a contract's default ``max_foreign_cpu_share``, and every probe's.
+MAX_FOREIGN_CPU_SHARE = 0.10
+
+
+def is_noisy(foreign_share: float, bound: float = MAX_FOREIGN_CPU_SHARE) -> bool:
+    """The one noise rule of every runner, report and probe: a measurement during which
+    other processes took more than ``bound`` of the machine judges nothing."""
+    return foreign_share > bound
+
+
+def all_quiet(foreign_shares: Iterable[float], bound: float = MAX_FOREIGN_CPU_SHARE) -> bool:
+    """Whether every one of ``foreign_shares`` stayed within ``bound`` (True for none)."""
+    return not any(is_noisy(share, bound) for share in foreign_shares)
 
 
 class NoiseSample(BaseModel):

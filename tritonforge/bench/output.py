@@ -11,6 +11,7 @@ from __future__ import annotations
 from tritonforge.bench import saturation
 from tritonforge.bench.contract import Contract
 from tritonforge.bench.environment import Environment
+from tritonforge.bench.noise import is_noisy
 from tritonforge.bench.results import ComparisonResult, RunResult, TargetResult, compare
 from tritonforge.bench.run_plan import RunPlan
 from tritonforge.paths import REPO_ROOT
@@ -65,7 +66,7 @@ def write_results(
 
     load = plan.contract.load
     noisiest = noisiest_round(targets)
-    noisy = noisiest is not None and noisiest[0] > load.max_foreign_cpu_share
+    noisy = noisiest is not None and is_noisy(noisiest[0], load.max_foreign_cpu_share)
     rule = load.saturation_rule
     points = [
         saturation.assess(t, rule, load.rounds, noisy=noisy)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.bench.contract import Overload, load_contract
+from tritonforge.bench.noise import all_quiet
 from tritonforge.bench.results import judge
 from tritonforge.paths import REPO_ROOT
 
@@ -75,7 +76,7 @@ def cells_quiet(cells: list[dict[str, Any]], max_foreign: float, run_quiet: bool
     shares = [c["noise"]["foreign_cpu_share_during"] for c in cells if "noise" in c]
     if not cells or len(shares) < len(cells):
         return run_quiet
-    return bool(max(shares) <= max_foreign)
+    return all_quiet(shares, max_foreign)
 
 
 #: A target: its text, per-round figures, threshold, higher is better, the cells it reads.
@@ -239,7 +240,7 @@ def main(run: Path) -> int:
     contract, _ = load_contract(REPO_ROOT / results["contract"])
     assert contract.overload is not None
     foreign = foreign_shares(run, results)
-    quiet = bool(foreign) and max(foreign) <= contract.load.max_foreign_cpu_share
+    quiet = bool(foreign) and all_quiet(foreign, contract.load.max_foreign_cpu_share)
     limit = contract.load.max_foreign_cpu_share
     rows = verdicts(results, contract.overload, quiet, limit)
     verdict_file = {"machine_quiet": quiet, "targets": rows}

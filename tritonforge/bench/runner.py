@@ -39,7 +39,7 @@ from tritonforge.bench.environment import (
 )
 from tritonforge.bench.lifecycle import start_servers
 from tritonforge.bench.metrics import MeasuredRequest, summarize
-from tritonforge.bench.noise import QUIET_WINDOW_S, NoiseSample, RoundWatch
+from tritonforge.bench.noise import QUIET_WINDOW_S, NoiseSample, RoundWatch, is_noisy
 from tritonforge.bench.offline_ceiling import OfflineCeiling
 from tritonforge.bench.output import write_results
 from tritonforge.bench.results import LevelFailure, TargetResult
@@ -237,7 +237,8 @@ class Runner:
                 self.say(f"[yellow]↻ {target.name} at {key}[/]: the tool failed; once more")
                 continue
             share = last.noise.foreign_cpu_share_during if last.noise else 0.0
-            if share <= limits.max_foreign_cpu_share or attempt == limits.noisy_round_retries:
+            noisy = is_noisy(share, limits.max_foreign_cpu_share)
+            if not noisy or attempt == limits.noisy_round_retries:
                 return
             result.discarded_rounds.append(result.levels.pop())
             self.say(

@@ -228,3 +228,11 @@ def test_a_class_too_short_for_its_instruction_is_named() -> None:
     named = r"traffic class 'structured_output': input_tokens: .* than the 20 drawn"
     with pytest.raises(ValueError, match=named):
         build_workload(contract, builder, 40)
+
+
+def test_one_noise_rule_a_share_above_the_bound_is_noisy() -> None:
+    from tritonforge.bench.noise import MAX_FOREIGN_CPU_SHARE, all_quiet, is_noisy
+
+    assert not is_noisy(MAX_FOREIGN_CPU_SHARE) and is_noisy(MAX_FOREIGN_CPU_SHARE + 0.01)
+    assert all_quiet([0.0, 0.05]) and not all_quiet([0.0, 0.2]) and all_quiet([])
+    assert is_noisy(0.06, bound=0.05)
