@@ -395,7 +395,7 @@ LONG_PROMPT = "word " * 2100
         ({"text_input": "hi", "parameters": {"nonsense": 1}}, "parameters.nonsense: unknown"),
         ({"text_input": "hi", "parameters": {"max_tokens": 0}}, "max_tokens: must be >= 1"),
         ({"text_input": "hi", "parameters": {"top_p": 1.5}}, "top_p: must be in (0, 1]"),
-        ({"text_input": "hi", "parameters": {"n": 2}}, "n: only n = 1 is supported"),
+        ({"text_input": "hi", "parameters": {"n": 0}}, "n: must be in [1, 128]"),
         ({"text_input": "hi", "parameters": {"timeout_s": 0}}, "timeout_s: must be a positive"),
         ({"text_input": ""}, "text_input: must not be empty"),
         ({"text_input": LONG_PROMPT}, "text_input: prompt is"),

@@ -276,8 +276,8 @@ def test_invalid_argument_is_a_400_with_the_models_field_naming_message(client, 
     error = caught.value.body
     assert error["message"].startswith("sampling_parameters.top_p: must be in (0, 1]")
     assert error["param"] == "top_p" and error["type"] == "invalid_request_error"
-    with pytest.raises(openai.BadRequestError, match="only n = 1 is supported"):
-        client.completions.create(model=model, prompt=PROMPT, n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n: must be in \[1, 128\]"):
+        client.completions.create(model=model, prompt=PROMPT, n=0)
     with pytest.raises(openai.BadRequestError, match="context"):  # streamed: still a 400
         client.completions.create(model=model, prompt="word " * 2100, max_tokens=4, stream=True)
 
