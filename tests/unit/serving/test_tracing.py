@@ -1,0 +1,223 @@
+"""The runtime's spans of a request, kept by an in-memory exporter: their tree under the
+caller's traceparent, their gen_ai attributes, the status of an error and of a cancel,
+and never a prompt's text. Real Runtime, scripted engine; no server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from tests import fakes
+from tests.unit.serving.test_request_ids import IdEngine
+from tritonforge.serving.errors import RequestError
+from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.schema import GenerateRequest, parse_request
+from tritonforge.serving.tracing import (
+    ENDPOINT_ENV,
+    OTEL_ENDPOINT_ENV,
+    SAMPLING_ENV,
+    RuntimeTracer,
+    TraceSettings,
+    context_traceparent,
+    runtime_tracer,
+    tracer_provider,
+)
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+PROMPT = "canary-91e2 what is in this prompt stays out of every span"
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def runtime(exporter: InMemorySpanExporter) -> Iterator[Runtime]:
+    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    engine = fakes.ScriptedEngine(fakes.word_script(4), delay_s=0.02)  # sent one by one
+    runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
+    runtime.start()
+    yield runtime
+    runtime.stop()
+
+
+def canary_request(stream: bool = True) -> GenerateRequest:
+    inputs = {
+        "text_input": np.array([PROMPT.encode()], dtype=np.object_),
+        "stream": np.array([stream]),
+    }
+    return parse_request(inputs)
+
+
+def finished_spans(
+    runtime: Runtime, exporter: InMemorySpanExporter, roots: int = 1
+) -> list[ReadableSpan]:
+    """Every span exported once each root ended (a root ends just after its FINAL send,
+    which is what a test's channel waits for)."""
+    assert runtime.tracer is not None
+    deadline = time.monotonic() + 10
+    while True:
+        runtime.tracer.provider.force_flush()
+        spans = list(exporter.get_finished_spans())
+        ended = sum(1 for span in spans if span.name == "tritonforge.request")
+        if ended >= roots or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.01)
+
+
+def by_name(spans: list[ReadableSpan]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in spans}
+
+
+def test_a_streamed_request_is_one_tree_under_the_callers_span(
+    runtime: Runtime, exporter: InMemorySpanExporter
+) -> None:
+    channel = fakes.RecordingChannel()
+    runtime.submit(
+        canary_request(),
+        channel,
+        request_id="rid-1",
+        traceparent=f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
+    )
+    assert channel.done.wait(10)
+    spans = by_name(finished_spans(runtime, exporter))
+    root = spans["tritonforge.request"]
+    assert root.parent is not None and f"{root.parent.span_id:016x}" == CLIENT_SPAN
+    assert f"{root.context.trace_id:032x}" == CLIENT_TRACE
+    for name in ("queue", "prefill", "decode", "sends", "response.final"):
+        child = spans[f"tritonforge.{name}"]
+        assert child.parent is not None and child.parent.span_id == root.context.span_id, name
+        assert child.start_time is not None and child.end_time is not None
+        assert root.start_time is not None and root.end_time is not None
+        assert root.start_time <= child.start_time <= child.end_time <= root.end_time, name
+    attributes = root.attributes or {}
+    assert attributes["tritonforge.request_id"] == "rid-1"
+    assert attributes["gen_ai.request.model"] == "m"
+    assert attributes["gen_ai.usage.input_tokens"] == len(PROMPT)
+    assert attributes["gen_ai.usage.output_tokens"] == 4
+    assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert float(str(attributes["gen_ai.server.time_to_first_token"])) >= 0
+    assert attributes["tritonforge.outcome"] == "finished"
+    assert root.status.status_code == StatusCode.UNSET
+    sends = (spans["tritonforge.sends"].attributes or {})["tritonforge.sends.count"]
+    assert 1 <= int(str(sends)) <= 3  # the deltas before the last (unless coalesced)
+    text = json.dumps([dict(span.attributes or {}) for span in spans.values()], default=str)
+    assert PROMPT not in text and "w0" not in text  # neither the prompt nor the output
+
+
+def test_a_request_without_a_traceparent_starts_a_trace_of_its_own(
+    runtime: Runtime, exporter: InMemorySpanExporter
+) -> None:
+    channel = fakes.RecordingChannel()
+    runtime.submit(canary_request(stream=False), channel, request_id="rid-2")
+    assert channel.done.wait(10)
+    root = by_name(finished_spans(runtime, exporter))["tritonforge.request"]
+    assert root.parent is None
+
+
+def test_a_cancelled_request_ends_its_span_in_error_saying_so(
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    engine = fakes.ScriptedEngine(fakes.word_script(50), delay_s=0.02)
+    runtime = Runtime(
+        engine,
+        fakes.RecordingMetrics(),
+        fakes.RecordingLogger(),
+        tracer=tracer,
+        cancellation_poll_s=0.01,
+    )
+    channel = fakes.RecordingChannel(cancel_after=2)
+    runtime.start()
+    try:
+        runtime.submit(canary_request(), channel, request_id="rid-3")
+        assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
+    assert (root.attributes or {})["tritonforge.outcome"] == "cancelled"
+    assert root.status.status_code == StatusCode.ERROR
+    assert root.status.description == "cancelled by the client"
+
+
+def test_a_failed_request_ends_its_span_in_error_with_the_reason(
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    runtime = Runtime(
+        IdEngine(fail=True), fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer
+    )
+    channel = fakes.RecordingChannel()
+    runtime.start()
+    try:
+        runtime.submit(canary_request(), channel, request_id="rid-4")
+        assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
+    assert (root.attributes or {})["tritonforge.outcome"] == "failed"
+    assert root.status.status_code == StatusCode.ERROR
+    assert "the engine broke" in (root.status.description or "")
+
+
+def test_a_refused_request_ends_its_span_at_once(
+    runtime: Runtime, exporter: InMemorySpanExporter
+) -> None:
+    first = fakes.RecordingChannel()
+    runtime.submit(canary_request(), first, request_id="twice")
+    with pytest.raises(RequestError):
+        runtime.submit(canary_request(), fakes.RecordingChannel(), request_id="twice")
+    assert first.done.wait(10)
+    refused = [
+        span
+        for span in finished_spans(runtime, exporter, roots=2)
+        if (span.attributes or {}).get("tritonforge.outcome") == "refused"
+    ]
+    assert len(refused) == 1 and refused[0].status.status_code == StatusCode.ERROR
+    assert "already in flight" in (refused[0].status.description or "")
+
+
+def test_a_caller_that_did_not_sample_its_trace_gets_no_spans(
+    runtime: Runtime, exporter: InMemorySpanExporter
+) -> None:
+    channel = fakes.RecordingChannel()
+    runtime.submit(canary_request(), channel, traceparent=f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00")
+    assert channel.done.wait(10)
+    assert finished_spans(runtime, exporter, roots=0) == []
+    assert type(channel) is fakes.RecordingChannel  # its sends were not wrapped either
+
+
+def test_tracing_is_off_unless_an_endpoint_is_configured() -> None:
+    logger = fakes.RecordingLogger()
+    assert runtime_tracer("m", logger, {}) is None
+    assert (
+        runtime_tracer("m", logger, {ENDPOINT_ENV: "http://x/v1/traces", SAMPLING_ENV: "0"}) is None
+    )
+    assert TraceSettings.from_env({OTEL_ENDPOINT_ENV: "http://y/v1/traces"}).enabled
+
+
+@pytest.mark.parametrize(("raw", "rule"), [("half", "a number"), ("1.5", "in [0, 1]")])
+def test_a_bad_sampling_ratio_names_its_variable(raw: str, rule: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        TraceSettings.from_env({ENDPOINT_ENV: "http://x", SAMPLING_ENV: raw})
+    assert refused.value.field == SAMPLING_ENV and rule in refused.value.rule
+
+
+def test_tritons_trace_context_gives_its_traceparent() -> None:
+    value = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    assert context_traceparent(json.dumps({"traceparent": value})) == value
+    assert context_traceparent(None) is None
+    assert context_traceparent("not json") is None
+    assert context_traceparent("{}") is None
