@@ -14,15 +14,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from tritonforge.bench.results import spread_text
+
 
 def _spread(values: Sequence[float | None], digits: int = 0) -> str:
-    clean = [v for v in values if v is not None]
-    if not clean:
-        return "–"
-    med, low, high = statistics.median(clean), min(clean), max(clean)
-    if len(clean) == 1:
-        return f"{med:,.{digits}f}"
-    return f"{med:,.{digits}f} ({low:,.{digits}f}–{high:,.{digits}f})"
+    """A figure over the rounds as every report shows it; whole numbers unless told."""
+    return spread_text(values, digits)
 
 
 def _roles(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tritonforge.bench.contract import Overload, load_contract
 from tritonforge.bench.noise import all_quiet
-from tritonforge.bench.results import judge
+from tritonforge.bench.results import judge, spread_text
 from tritonforge.paths import REPO_ROOT
 
 Cells = dict[tuple[float, str], list[dict[str, Any]]]
@@ -179,13 +179,6 @@ def verdicts(
     ]
 
 
-def span(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "—"
-    mid = statistics.median(values)
-    return f"{mid:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
-
-
 #: The cells' table: heading, the figure each cell records, its digits.
 COLUMNS = [
     ("offered / round", "offered", 0),
@@ -214,7 +207,7 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]], foreign: list[
         "|---|---|" + "---|" * len(COLUMNS),
     ]
     for (multiple, mode), cells in sorted(by_cell(results).items()):
-        spans = [span(figures(cells, key), digits) for _, key, digits in COLUMNS]
+        spans = [spread_text(figures(cells, key), digits) for _, key, digits in COLUMNS]
         lines.append(f"| {multiple:g} | {mode} | " + " | ".join(spans) + " |")
     lines += ["", "| target | per round | verdict |", "|---|---|---|"]
     for r in rows:

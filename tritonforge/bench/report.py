@@ -43,11 +43,7 @@ def _verdict(verdict: str | None) -> str:
 
 def _spread(value: Spread | None, digits: int = 1) -> str:
     """median (min-max over the rounds); just the value when there was one round."""
-    if value is None:
-        return "–"
-    if value.rounds == 1:
-        return _fmt(value.median, digits)
-    return f"{_fmt(value.median, digits)} ({_fmt(value.min, digits)}–{_fmt(value.max, digits)})"
+    return "–" if value is None else value.text(digits)
 
 
 def plot(result: RunResult, out_dir: Path) -> list[Path]:

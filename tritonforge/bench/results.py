@@ -97,6 +97,19 @@ class Spread(BaseModel):
             median=statistics.median(values), min=min(values), max=max(values), rounds=len(values)
         )
 
+    def text(self, digits: int = 1) -> str:
+        """How every report shows a figure over the rounds: ``median (min-max)``, or just
+        the value when there was one round."""
+        if self.rounds == 1:
+            return f"{self.median:,.{digits}f}"
+        return f"{self.median:,.{digits}f} ({self.min:,.{digits}f}–{self.max:,.{digits}f})"
+
+
+def spread_text(values: Sequence[float | None], digits: int = 1) -> str:
+    """:meth:`Spread.text` of the values that exist; a dash when none do."""
+    spread = Spread.of([v for v in values if v is not None])
+    return "–" if spread is None else spread.text(digits)
+
 
 def spread(
     target: TargetResult, level: float, figure: Callable[[LevelMetrics], float | None]

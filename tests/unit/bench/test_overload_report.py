@@ -86,7 +86,7 @@ def test_the_table_sets_refusals_beside_the_malformed_request_floor() -> None:
     assert on_at_2.split(" | ")[column + 1] == "13 (12–14)"  # the blocking client's probe
     assert on_at_2.split(" | ")[column + 2] == "3 (3–3)"  # how late the driver's loop was
     low = next(line for line in table if line.startswith("| 0.5 | on |"))
-    assert low.split(" | ")[column] == "—"  # cells without probes (older runs) say so
+    assert low.split(" | ")[column] == "–"  # cells without probes (older runs) say so
 
 
 def test_the_report_says_how_the_driver_was_scheduled() -> None:
