@@ -145,32 +145,46 @@ def test_openai_routes_for_one_model_readiness_and_metrics(frontend: OpenAIFront
     assert page.status_code == 200 and "vllm:request_params_n" in page.text
 
 
+#: A model loaded only by the test below: a Python model whose start fails on purpose,
+#: and then one that starts (a load of the name clears Triton's server-wide readiness).
+PROBE = "compat_failed_load"
+PROBE_CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
+)
+FAILING = (
+    b"class TritonPythonModel:\n"
+    b"    def initialize(self, args):\n"
+    b"        raise ValueError('on purpose')\n"
+)
+STARTING = b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+
+
+def _triton_ready(server: TritonServer) -> bool:
+    return requests.get(f"http://{server.http_url}/v2/health/ready", timeout=10).ok
+
+
 def test_a_failed_load_leaves_the_frontends_health_up(
     triton_server: TritonServer, frontend: OpenAIFrontend
 ) -> None:
-    """Triton 2.51's server-wide readiness turns 400 after any failed load; /health stays
+    """Triton 2.51's server-wide readiness turns 400 after a failed load; /health stays
     200 while the models this frontend serves are ready."""
-    victim = "preprocessing"  # a C++ model: loads in well under a second
-    was_loaded = model_ready(triton_server, victim)
-    broken = json.dumps({"backend": "no_such_backend"})
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
-        with pytest.raises(Exception, match="no_such_backend"):
-            client.load_model(victim, config=broken)
+        with pytest.raises(Exception, match="UNAVAILABLE"):
+            client.load_model(PROBE, config=PROBE_CONFIG, files={"file:1/model.py": FAILING})
         try:
-            triton_ready = requests.get(f"http://{triton_server.http_url}/v2/health/ready")
-            assert triton_ready.status_code == 400  # Triton's own, documented
+            assert not _triton_ready(triton_server)  # Triton's own, documented
             assert client.is_model_ready(MODEL)
             health = httpx.get(f"{_root(frontend)}/health", timeout=30)
             assert health.status_code == 200 and health.json() == {"status": "ok"}
         finally:
-            client.load_model(victim)  # a load of that name clears Triton's readiness
-            if not was_loaded:
-                client.unload_model(victim)
-    wait_for(
-        lambda: requests.get(f"http://{triton_server.http_url}/v2/health/ready").ok,
-        30,
-        "Triton's readiness back",
-    )
+            client.load_model(PROBE, config=PROBE_CONFIG, files={"file:1/model.py": STARTING})
+            client.unload_model(PROBE)
+    wait_for(lambda: _triton_ready(triton_server), 60, "Triton's readiness back")
 
 
 # --- priority: honoured or refused on every transport that reaches the model ----------
@@ -195,10 +209,10 @@ def test_priority_is_refused_on_every_transport_of_a_first_come_model(
 def test_priority_as_a_generate_parameter_is_honoured_where_the_model_orders_by_it(
     triton_server: TritonServer,
 ) -> None:
-    _need(triton_server, "vllm_slo_model")
+    _need(triton_server, "llamacpp_model")  # its waiting line is kept in priority order
     answer = generate(
         triton_server.http_url,
-        "vllm_slo_model",
+        "llamacpp_model",
         {"text_input": "Hi", "parameters": {**SHORT, "priority": -5}},
     )
     assert "error" not in answer and isinstance(answer["text_output"], str), answer
