@@ -16,6 +16,7 @@ from opentelemetry.trace import StatusCode
 
 from tests import fakes
 from tests.unit.serving.test_request_ids import IdEngine
+from tritonforge.serving.admission import Admission, AdmissionSettings
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import GenerateRequest, parse_request
@@ -221,3 +222,36 @@ def test_tritons_trace_context_gives_its_traceparent() -> None:
     assert context_traceparent(None) is None
     assert context_traceparent("not json") is None
     assert context_traceparent("{}") is None
+
+
+def test_admission_shows_its_decision_and_prediction(exporter: InMemorySpanExporter) -> None:
+    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    admission = Admission(AdmissionSettings(mode="observe"))
+    engine = fakes.ScriptedEngine(fakes.word_script(3))
+    runtime = Runtime(
+        engine,
+        fakes.RecordingMetrics(),
+        fakes.RecordingLogger(),
+        tracer=tracer,
+        admission=admission,
+    )
+    runtime.start()
+    try:
+        for request_id, sampling in (("no-slo", {}), ("slo", {"slo_ttft_ms": 500})):
+            channel = fakes.RecordingChannel()
+            runtime.submit(fakes.sampling_request(True, **sampling), channel, request_id=request_id)
+            assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    spans = list(exporter.get_finished_spans())
+    decisions = {}
+    for span in spans:
+        if span.name == "tritonforge.admission":
+            root = next(
+                s for s in spans if s.context.span_id == (span.parent and span.parent.span_id)
+            )
+            request_id = (root.attributes or {})["tritonforge.request_id"]
+            decisions[request_id] = dict(span.attributes or {})
+    assert decisions["no-slo"]["tritonforge.admission.decision"] == "no_slo"
+    assert decisions["slo"]["tritonforge.admission.decision"] == "admitted"
