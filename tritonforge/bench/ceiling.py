@@ -33,7 +33,7 @@ import psutil
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tritonforge.bench.contract import NAME_PATTERN, ContractError, apply_overrides
+from tritonforge.bench.contract import NAME_PATTERN, ContractError, RoundsLoad, apply_overrides
 from tritonforge.bench.environment import (
     Environment,
     capture,
@@ -41,7 +41,7 @@ from tritonforge.bench.environment import (
     tritonserver_version,
 )
 from tritonforge.bench.metrics import percentile
-from tritonforge.bench.noise import MAX_FOREIGN_CPU_SHARE, RoundWatch, is_noisy
+from tritonforge.bench.noise import RoundWatch, is_noisy
 from tritonforge.bench.run_plan import rotated
 from tritonforge.bench.stream_clients import StreamRecord, make_client
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
@@ -82,23 +82,17 @@ class CeilingTarget(Strict):
         return self.concurrency is None or concurrency in self.concurrency
 
 
-class CeilingLoad(Strict):
+class CeilingLoad(RoundsLoad):
+    """The contract load's shared fields (:class:`RoundsLoad`), closed loop, one prompt."""
+
     concurrency: list[int] = Field(min_length=1)
-    requests_per_level: int = Field(ge=1)
-    requests_per_concurrency: float = Field(default=0, ge=0)
+    warmup_requests: int = Field(default=4, ge=0)
     output_tokens: int = Field(ge=1, description="max_tokens of every request")
     prompt: str = Field(min_length=1, description="the prompt text; each request numbers it")
-    warmup_requests: int = Field(default=4, ge=0)
-    rounds: int = Field(default=3, ge=1)
-    max_duration_s: float = Field(gt=0, description="a level stops sending new requests past it")
     request_timeout_s: float = Field(
         default=60, gt=0, description="a request still streaming after this is an error"
     )
     quiet_window_s: float = Field(default=1.0, ge=0)
-    max_foreign_cpu_share: float = Field(default=MAX_FOREIGN_CPU_SHARE, gt=0, le=1)
-
-    def count_for(self, concurrency: int) -> int:
-        return max(self.requests_per_level, int(self.requests_per_concurrency * concurrency))
 
 
 class CeilingContract(Strict):

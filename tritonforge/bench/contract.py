@@ -220,20 +220,11 @@ class Saturation(Strict):
     )
 
 
-class Load(Strict):
-    """Closed-loop concurrency levels or open-loop request rates (exactly one).
+class RoundsLoad(Strict):
+    """What every contract's ``load`` says the same way, whichever runner reads it: how
+    many requests a level measures, how long it may take, how many interleaved rounds,
+    and how quiet the machine must be for a verdict."""
 
-    ``request_rates`` is a list of rates or ``{sweep: {start, factor | step, max}}``. A
-    sweep stops raising the rate for a target once a rate *broke* in every round (the
-    target is saturated; see :mod:`tritonforge.bench.saturation`), and ends when every
-    target has stopped. ``saturation`` sets the rule; it applies to request rates only.
-    """
-
-    concurrency: list[Annotated[int, Field(ge=1)]] | None = None
-    request_rates: list[Annotated[float, Field(gt=0)]] | SweepSpec | None = None
-    saturation: Saturation | None = Field(
-        default=None, description="the saturation rule (request rates only; defaults apply)"
-    )
     requests_per_level: int = Field(ge=1, description="measured requests at each level")
     requests_per_concurrency: int = Field(
         default=0,
@@ -257,6 +248,26 @@ class Load(Strict):
         le=1,
         description="above this share of the machine used by other processes during any "
         "round the run is noisy and gets no verdict",
+    )
+
+    def count_for(self, concurrency: float) -> int:
+        """Measured requests at one concurrency level."""
+        return max(self.requests_per_level, int(self.requests_per_concurrency * concurrency))
+
+
+class Load(RoundsLoad):
+    """Closed-loop concurrency levels or open-loop request rates (exactly one).
+
+    ``request_rates`` is a list of rates or ``{sweep: {start, factor | step, max}}``. A
+    sweep stops raising the rate for a target once a rate *broke* in every round (the
+    target is saturated; see :mod:`tritonforge.bench.saturation`), and ends when every
+    target has stopped. ``saturation`` sets the rule; it applies to request rates only.
+    """
+
+    concurrency: list[Annotated[int, Field(ge=1)]] | None = None
+    request_rates: list[Annotated[float, Field(gt=0)]] | SweepSpec | None = None
+    saturation: Saturation | None = Field(
+        default=None, description="the saturation rule (request rates only; defaults apply)"
     )
     noisy_round_retries: int = Field(
         default=1,
@@ -293,10 +304,10 @@ class Load(Strict):
         return self
 
     def count_for(self, level: float) -> int:
-        """Measured requests at one level."""
+        """Measured requests at one level (a request rate: ``requests_per_level``)."""
         if self.concurrency is None:
             return self.requests_per_level
-        return max(self.requests_per_level, int(self.requests_per_concurrency * level))
+        return super().count_for(level)
 
     @property
     def mode(self) -> Literal["concurrency", "request_rate"]:
