@@ -16,6 +16,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -82,9 +83,18 @@ def triton_trace_args(url: str) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class Traced:
+    """The frontend in front of a traced server of this module's own, the receiver of
+    their spans, and the server's log."""
+
+    frontend: OpenAIFrontend
+    receiver: Receiver
+    server_log: Path
+
+
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAIFrontend, Receiver]]:
-    """The receiver, and the frontend in front of a traced server of this module's own."""
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     where = tmp_path_factory.mktemp("tracing")
     receiver = Receiver(where / "spans.jsonl")
     server = TritonServer.on_free_ports(
@@ -99,11 +109,24 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAIFro
     try:
         server.wait_ready(120)
         frontend.wait_ready()
-        yield frontend, receiver
+        yield Traced(frontend, receiver, where / "triton.log")
     finally:
         frontend.stop()
         server.stop()
         receiver.server.shutdown()
+
+
+def unlinked(spans: list[SpanRecord]) -> list[str]:
+    """The spans whose chain of parents does not reach the client's span."""
+    by_id = {span.span_id: span for span in spans}
+    lost = []
+    for span in spans:
+        seen = span
+        while seen.parent_id != CLIENT_SPAN and seen.parent_id in by_id:
+            seen = by_id[seen.parent_id]
+        if seen.parent_id != CLIENT_SPAN:
+            lost.append(f"{span.name} ({span.service})")
+    return lost
 
 
 def chat(
@@ -122,9 +145,9 @@ def chat(
 
 
 def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id(
-    traced: tuple[OpenAIFrontend, Receiver],
+    traced: Traced,
 ) -> None:
-    frontend, receiver = traced
+    frontend, receiver = traced.frontend, traced.receiver
     trace_id = uuid.uuid4().hex
     request_id = f"tracing-e2e-{uuid.uuid4().hex[:12]}"
     headers = {"X-Request-Id": request_id, "traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
@@ -135,21 +158,20 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
     assert events.rstrip().endswith("data: [DONE]")
 
     def complete() -> bool:
-        names = {(span.service, span.name) for span in receiver.trace(trace_id)}
+        """Each layer's spans arrived (they leave in batches), every one linked."""
+        spans = receiver.trace(trace_id)
+        names = {(span.service, span.name) for span in spans}
         return (
-            {(RUNTIME, "tritonforge.request"), (RUNTIME, "tritonforge.response.final")} <= (names)
+            {(RUNTIME, "tritonforge.request"), (RUNTIME, "tritonforge.response.final")} <= names
             and any(service == FRONTEND for service, _ in names)
             and any(service == TRITON for service, _ in names)
+            and not unlinked(spans)
         )
 
-    wait_for(complete, 30, "the frontend's, Triton's and the runtime's spans")
+    wait_for(complete, 30, "the frontend's, Triton's and the runtime's spans, linked")
     spans = receiver.trace(trace_id)
+    assert not unlinked(spans)  # every span hangs, through its parents, under the client's
     by_id = {span.span_id: span for span in spans}
-    for span in spans:  # every span hangs, through its parents, under the client's span
-        seen = span
-        while seen.parent_id != CLIENT_SPAN:
-            assert seen.parent_id in by_id, f"{span.name} ({span.service}) is not linked"
-            seen = by_id[seen.parent_id]
     [http] = [span for span in spans if span.service == FRONTEND]
     assert http.parent_id == CLIENT_SPAN
     [root] = [span for span in spans if span.name == "tritonforge.request"]
@@ -164,12 +186,16 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
     assert "tritonforge.response.final" in runtime_names
     assert PROMPT not in json.dumps([span.attributes for span in spans])
 
-    frontend_log = frontend.log_path.read_text(errors="replace") if frontend.log_path else ""
-    triton_log = (frontend.log_path.parent / "triton.log") if frontend.log_path else None
-    server_log = triton_log.read_text(errors="replace") if triton_log else ""
+    assert frontend.log_path is not None
+    frontend_log = frontend.log_path.read_text(errors="replace")
     assert request_id in frontend_log
-    wait_for(lambda: request_id in triton_log.read_text(errors="replace"), 10, "the runtime's line")
-    assert PROMPT not in frontend_log and PROMPT not in server_log
+    wait_for(
+        lambda: request_id in traced.server_log.read_text(errors="replace"),
+        10,
+        "the runtime's line",
+    )
+    assert PROMPT not in frontend_log
+    assert PROMPT not in traced.server_log.read_text(errors="replace")
 
     timeline = subprocess.run(
         [sys.executable, "-m", "tritonforge.trace", str(receiver.file), "--request-id", request_id],
@@ -182,10 +208,8 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
         assert name in timeline
 
 
-def test_a_second_request_under_an_id_in_flight_is_refused_naming_it(
-    traced: tuple[OpenAIFrontend, Receiver],
-) -> None:
-    frontend, _ = traced
+def test_a_second_request_under_an_id_in_flight_is_refused_naming_it(traced: Traced) -> None:
+    frontend = traced.frontend
     headers = {"X-Request-Id": f"tracing-dup-{uuid.uuid4().hex[:12]}"}
     # 1,900 tokens at this server's simulated 10 ms a step: 19 s, ended early by the block.
     with chat(frontend, headers, 1900, ignore_eos=True) as first:

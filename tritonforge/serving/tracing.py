@@ -28,6 +28,7 @@ put on a span.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -43,6 +44,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tritonforge.serving.admission import SloUnattainable
 from tritonforge.serving.errors import RequestError
 
 if TYPE_CHECKING:
@@ -145,7 +147,8 @@ class RuntimeTracer:
         self.provider = provider
         self.model = model
         self.logger = logger
-        self._tracer: Tracer = provider.get_tracer("tritonforge.serving")
+        #: The SDK's tracer the request spans come from.
+        self.otel: Tracer = provider.get_tracer("tritonforge.serving")
 
     def begin(
         self, request_id: str, request: GenerateRequest, traceparent: str | None
@@ -158,7 +161,7 @@ class RuntimeTracer:
             "gen_ai.request.max_tokens": request.sampling.max_tokens,
             "tritonforge.stream": request.stream,
         }
-        root = self._tracer.start_span(
+        root = self.otel.start_span(
             "tritonforge.request",
             context=parent_context(traceparent),
             kind=SpanKind.SERVER,
@@ -202,7 +205,7 @@ class RequestTrace:
         self, name: str, start: float, end: float, attributes: Mapping[str, Any] | None = None
     ) -> Span:
         context = set_span_in_context(self.root)
-        span = self.tracer._tracer.start_span(
+        span = self.tracer.otel.start_span(
             name, context=context, start_time=self.clock.ns(start), attributes=attributes
         )
         span.end(end_time=self.clock.ns(max(end, start)))
@@ -219,8 +222,6 @@ class RequestTrace:
 
     def refused(self, error: BaseException) -> None:
         """The request never reached the engine (admission, a full model, a bad id…)."""
-        from tritonforge.serving.admission import SloUnattainable
-
         now = time.perf_counter()
         if isinstance(error, SloUnattainable):
             span = self._span(
@@ -378,8 +379,6 @@ def context_traceparent(context_json: str | None) -> str | None:
     W3C headers, python_backend's ``request.trace().get_context()``), if any."""
     if not context_json:
         return None
-    import json
-
     try:
         headers = json.loads(context_json)
     except ValueError:
