@@ -31,9 +31,16 @@ from typing import Any, Literal
 
 import psutil
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from tritonforge.bench.contract import NAME_PATTERN, ContractError, RoundsLoad, apply_overrides
+from tritonforge.bench.contract import (
+    NAME_PATTERN,
+    ContractError,
+    ContractHead,
+    RoundsLoad,
+    Strict,
+    apply_overrides,
+)
 from tritonforge.bench.environment import (
     Environment,
     capture,
@@ -49,10 +56,6 @@ from tritonforge.launch.model_store import models_dir
 from tritonforge.paths import REPO_ROOT, make_machine_free, new_run_dir
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ServedModel(Strict):
@@ -95,13 +98,10 @@ class CeilingLoad(RoundsLoad):
     quiet_window_s: float = Field(default=1.0, ge=0)
 
 
-class CeilingContract(Strict):
+class CeilingContract(ContractHead):
     kind: Literal["ceiling"] = Field(
         description="marks the contract for this runner: `run` and `validate` dispatch on it"
     )
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str = ""
-    model: str = Field(description="model directory under $TRITONFORGE_MODELS (recorded)")
     models: list[ServedModel] = Field(min_length=1)
     targets: list[CeilingTarget] = Field(min_length=1)
     baseline: str = Field(description="the target every other is compared with (the floor)")

@@ -464,12 +464,20 @@ class Overload(Strict):
         return self
 
 
-class Contract(Strict):
-    """A whole evaluation contract (see perf/README.md for each field)."""
+class ContractHead(Strict):
+    """What every contract starts with, whichever runner reads it."""
 
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN)] = Field(
+        description="results go to perf/results/<name>/"
+    )
     description: str = ""
     model: str = Field(description="model directory name under $TRITONFORGE_MODELS (tokenizer)")
+
+
+class Contract(ContractHead):
+    """A whole evaluation contract: each field's meaning is its description here; what each
+    kind of experiment asks for is in docs/benchmarking.md."""
+
     seed: int = 0
     slo: Slo
     traffic: Traffic

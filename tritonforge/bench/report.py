@@ -376,7 +376,7 @@ def _capacity(result: RunResult) -> list[str]:
         f"achieved rate is ≥ {rule.min_achieved_ratio:.0%} of its kept-up rate; a rate "
         "*held* when every round held, *broke* when none did, is *inconclusive* when they "
         "disagree. The saturation point is the highest rate that held with every rate "
-        "below it (perf/README.md, tritonforge/bench/saturation.py).",
+        "below it (tritonforge/bench/saturation.py).",
         "",
         *(
             ["**This run was noisy: the points are measurements, not verdicts.**", ""]
