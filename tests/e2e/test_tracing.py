@@ -208,21 +208,44 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
         assert name in timeline
 
 
-def test_a_second_request_under_an_id_in_flight_is_refused_naming_it(traced: Traced) -> None:
-    frontend = traced.frontend
-    headers = {"X-Request-Id": f"tracing-dup-{uuid.uuid4().hex[:12]}"}
-    # 1,900 tokens at this server's simulated 10 ms a step: 19 s, ended early by the block.
-    with chat(frontend, headers, 1900, ignore_eos=True) as first:
+def test_a_duplicate_id_is_refused_naming_it_and_a_cancel_ends_its_trace_in_error(
+    traced: Traced,
+) -> None:
+    frontend, receiver = traced.frontend, traced.receiver
+    request_id = f"tracing-dup-{uuid.uuid4().hex[:12]}"
+    first_trace, second_trace = uuid.uuid4().hex, uuid.uuid4().hex
+    first_headers = {
+        "X-Request-Id": request_id,
+        "traceparent": f"00-{first_trace}-{CLIENT_SPAN}-01",
+    }
+    # 1,900 tokens at this server's simulated 10 ms a step: 19 s, cancelled by the block's end.
+    with chat(frontend, first_headers, 1900, ignore_eos=True) as first:
         assert first.status_code == 200, first.text
         lines = first.iter_lines()
         assert next(line for line in lines if line.startswith(b"data:"))  # it is in flight
         second = requests.post(
             f"{frontend.base_url}/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
-            headers=headers,
+            headers={
+                "X-Request-Id": request_id,
+                "traceparent": f"00-{second_trace}-{CLIENT_SPAN}-01",
+            },
             timeout=60,
         )
     assert second.status_code == 400, second.text
-    assert second.headers["X-Request-Id"] == headers["X-Request-Id"]
-    message = second.json()["error"]["message"]
-    assert "already in flight" in message and headers["X-Request-Id"] in message
+    assert second.headers["X-Request-Id"] == request_id
+    error = second.json()["error"]
+    assert "already in flight" in error["message"] and request_id in error["message"]
+    assert error["param"] == "X-Request-Id"
+
+    def runtime_root(trace_id: str) -> SpanRecord | None:
+        roots = [s for s in receiver.trace(trace_id) if s.name == "tritonforge.request"]
+        return roots[0] if roots else None
+
+    wait_for(lambda: runtime_root(second_trace) is not None, 30, "the refused request's span")
+    wait_for(lambda: runtime_root(first_trace) is not None, 30, "the cancelled request's span")
+    refused, cancelled = runtime_root(second_trace), runtime_root(first_trace)
+    assert refused is not None and refused.attributes["tritonforge.outcome"] == "refused"
+    assert refused.error is not None and "already in flight" in refused.error
+    assert cancelled is not None and cancelled.attributes["tritonforge.outcome"] == "cancelled"
+    assert cancelled.error == "cancelled by the client"
