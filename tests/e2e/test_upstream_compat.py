@@ -218,22 +218,26 @@ def test_priority_as_a_generate_parameter_is_honoured_where_the_model_orders_by_
     assert "error" not in answer and isinstance(answer["text_output"], str), answer
 
 
-# --- n > 1: vLLM samples n sequences in one request; other engines refuse, naming n -----
+# --- n > 1: n sequences from one prompt evaluation; past what the engine can, refused ---
 
 SEVERAL = {"n": 2, "temperature": 0.8, "seed": 7, "max_tokens": 4, "ignore_eos": True}
 
 
-def test_n_sequences_come_one_element_each_in_every_response(triton_server: TritonServer) -> None:
+@pytest.mark.parametrize("model", ENGINES)
+def test_n_sequences_come_one_element_each_in_every_response(
+    triton_server: TritonServer, model: str
+) -> None:
+    _need(triton_server, model)
     flags = {"return_num_output_tokens": True, "return_finish_reason": True}
     whole = stream(
-        triton_server.grpc_url, MODEL, llm_inputs("Once", SEVERAL, stream=False, **flags)
+        triton_server.grpc_url, model, llm_inputs("Once", SEVERAL, stream=False, **flags)
     )
     assert whole.error is None, whole.error
     (response,) = whole.responses
     assert response.as_numpy("text_output").shape == (2,)
     assert response.as_numpy("num_output_tokens").tolist() == [4, 4]
     assert response.as_numpy("finish_reason").tolist() == [b"length", b"length"]
-    streamed = stream(triton_server.grpc_url, MODEL, llm_inputs("Once", SEVERAL, **flags))
+    streamed = stream(triton_server.grpc_url, model, llm_inputs("Once", SEVERAL, **flags))
     assert streamed.error is None, streamed.error
     counts = [r.as_numpy("num_output_tokens").tolist() for r in streamed.responses]
     assert all(len(c) == 2 for c in counts)
@@ -260,7 +264,7 @@ def test_n_choices_through_openai_with_usage_summed(frontend: OpenAIFrontend) ->
     ("model", "sampling", "rule"),
     [
         (MODEL, {"n": 2, "temperature": 0}, "greedy"),  # vLLM's own refusal, named
-        ("llamacpp_model", SEVERAL, "at most 1 sequence"),
+        ("llamacpp_model", {**SEVERAL, "n": 9}, "at most 8 sequence(s)"),  # n_parallel
     ],
 )
 def test_n_an_engine_cannot_sample_is_refused_naming_n(

@@ -495,6 +495,21 @@ class Mailbox(Generic[Item]):
                 drained.set_result(None)
 
 
+class _Sequences:
+    """How many of a request's n sequences are still to end: its outputs stop after the
+    last one's final delta, or at once when the request was aborted."""
+
+    __slots__ = ("_left",)
+
+    def __init__(self, n: int) -> None:
+        self._left = n
+
+    def ended_by(self, item: EngineOutput) -> bool:
+        if item.finished:
+            self._left = 0 if item.finish_reason == "abort" else self._left - 1
+        return self._left <= 0
+
+
 class MailboxStreams(Engine, Generic[Handle]):
     """:meth:`Engine.generate` and :meth:`Engine.push` for an engine whose outputs reach
     each request through a :class:`Mailbox` on the event loop (deltas, or an exception
@@ -519,13 +534,14 @@ class MailboxStreams(Engine, Generic[Handle]):
         self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
         handle, outputs = self._submit(request_id, prompt, sampling)
+        left = _Sequences(sampling.n)
         with self._tracker().track(request_id, handle):
             while True:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if item.finished:
+                if left.ended_by(item):
                     return
 
     async def push(
@@ -537,10 +553,12 @@ class MailboxStreams(Engine, Generic[Handle]):
     ) -> None:
         """Each delta goes to ``sink`` from the mailbox as it is put (see Engine.push)."""
 
+        left = _Sequences(sampling.n)
+
         def take(item: EngineOutput | BaseException) -> bool:
             if isinstance(item, BaseException):
                 raise item
-            return sink(item) and not item.finished
+            return sink(item) and not left.ended_by(item)
 
         handle, outputs = self._submit(request_id, prompt, sampling)
         with self._tracker().track(request_id, handle):

@@ -48,6 +48,11 @@ runtime's ``max_inflight`` (slots plus queue, in config.pbtxt): past it a reques
 the "busy" error at once rather than a wait of unknown length. A request aborted while
 waiting never reaches the context.
 
+A request for ``n`` > 1 sequences (at most ``n_parallel``) waits until n slots are free
+at once; its prompt is evaluated in one of them, its KV copied into the others
+(``llama_memory_seq_cp``), and each sequence samples its first token from the same
+logits, then decodes on its own (seeded ones take seed, seed + 1, …, as vLLM's do).
+
 Sampling is per sequence: each has its own llama.cpp sampler chain (penalties, grammar,
 top-k/top-p/min-p, temperature, a seeded distribution), in ``Llama``'s own order.
 llama.cpp hands back token ids; bytes become text through the core's
@@ -59,10 +64,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -93,6 +99,7 @@ from tritonforge.engines.llamacpp_slots import (
     Slot,
     choose_slot,
     may_join,
+    spare_slots,
 )
 from tritonforge.engines.lora import GGUF_ADAPTER_FILE, LORA_FILE, LoraAdapter
 from tritonforge.engines.text_stream import TextStream, TokenDecoding
@@ -249,6 +256,11 @@ class _Sequence:
     evaluated: int  # prompt tokens whose KV the slot holds
     token: int | None = None  # sampled, not yet evaluated
     position: int = 0  # the position ``token`` goes to
+    index: int = 0  # which of the request's n sequences
+    #: The request's other sequences (n > 1): they wait for this one's prompt, whose KV
+    #: is then copied into their slots, and sample their first token from its logits.
+    siblings: list[_Sequence] = field(default_factory=list)
+    waits: bool = False  # a sibling: its prompt comes from another sequence's slot
 
     @property
     def prefilling(self) -> bool:
@@ -342,6 +354,10 @@ class _Context:
         pointer = llama_cpp.llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
 
+    def copy(self, source: int, target: int) -> None:
+        """Give sequence ``target`` the KV cells of ``source`` (its prompt, evaluated once)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, source, target, 0, -1)
+
     def forget(self, seq_id: int, start: int) -> None:
         """Free the sequence's KV cells from position ``start`` on."""
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, -1)
@@ -379,6 +395,8 @@ class LlamaCppEngine(MailboxStreams[_Job]):
         self._waiting: deque[_Job] = deque()  # the worker's, by priority then arrival
         self._running: list[_Sequence] = []  # the worker's, in admission order
         self._slots = [Slot(seq_id) for seq_id in range(self._n_parallel)]
+        # n sequences of one request run in n slots, sharing its prompt's evaluation.
+        self.max_n = self._n_parallel
         self._tick = 0
         self._on_context: str | None = None  # the key of the adapter set on the context
         self._worker: threading.Thread | None = None
@@ -688,24 +706,46 @@ class LlamaCppEngine(MailboxStreams[_Job]):
             choice = choose_slot(self._slots, job.prompt, adapter)
             if choice is None:
                 return
+            spare = spare_slots(self._slots, choice[0], job.sampling.n - 1)
+            if spare is None:
+                return  # its n sequences start together
             self._waiting.popleft()
             if not job.leave_queue(_JobState.RUNNING):
                 continue  # aborted just now
             with self._counts:
                 self._queued -= 1
             try:
-                self._start(job, *choice)
+                self._start(job, *choice, spare)
             except Exception as exc:
                 job.deliver(exc)
 
-    def _start(self, job: _Job, slot: Slot, reuse: int) -> None:
+    def _start(self, job: _Job, slot: Slot, reuse: int, spare: Sequence[Slot] = ()) -> None:
+        """Put the job's first sequence in ``slot`` and the others (n > 1) in ``spare``."""
         assert self._ctx is not None
         adapter = None if job.lora is None else job.lora.key
         if adapter != self._on_context:
             self._ctx.use_adapter(None if job.lora is None else job.lora.pointer)
         self._on_context = adapter
         self._ctx.forget(slot.seq_id, reuse)  # the cached tail this prompt does not share
+        first = self._sequence(job, slot, adapter, reuse, 0)
+        for index, other in enumerate(spare, start=1):
+            self._ctx.forget(other.seq_id, 0)  # its whole prompt comes from ``slot``
+            sibling = self._sequence(job, other, adapter, 0, index)
+            sibling.waits = True
+            first.siblings.append(sibling)
+        self._running.append(first)
+        self._running.extend(first.siblings)
+
+    def _sequence(
+        self, job: _Job, slot: Slot, adapter: str | None, reuse: int, index: int
+    ) -> _Sequence:
+        """One sequence of ``job`` in ``slot`` (marked busy), with its own sampler.
+
+        Seeded sequences after the first take the next seeds, as vLLM seeds its n.
+        """
         params = job.sampling
+        if index and params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + index)
         decoding = TokenDecoding(
             params=params,
             pieces=self._vocab.pieces(params.skip_special_tokens),
@@ -716,7 +756,7 @@ class LlamaCppEngine(MailboxStreams[_Job]):
         )
         sampler = _sampler_chain(params, job.grammar, self._llama._model.vocab, self._last_n)
         slot.busy, slot.adapter, slot.cached = True, adapter, job.prompt[:reuse]
-        self._running.append(_Sequence(job, slot, decoding, sampler, evaluated=reuse))
+        return _Sequence(job, slot, decoding, sampler, evaluated=reuse, index=index)
 
     def _leave(self, sequence: _Sequence) -> None:
         """Take a sequence out: its generated tokens' KV freed, its prompt's kept as cache."""
@@ -738,7 +778,7 @@ class LlamaCppEngine(MailboxStreams[_Job]):
         A block is a call of its own (see llamacpp_slots: reuse by whole blocks), and the
         last one yields the sequence's first token.
         """
-        sequence = next((s for s in self._running if s.prefilling), None)
+        sequence = next((s for s in self._running if s.prefilling and not s.waits), None)
         if sequence is None:
             return
         assert self._ctx is not None
@@ -751,9 +791,15 @@ class LlamaCppEngine(MailboxStreams[_Job]):
             )
             sequence.evaluated = sequence.position = end
             if not sequence.prefilling:
-                self._emit(sequence, end - start - 1)
+                for sibling in sequence.siblings:  # before the first may leave its slot
+                    self._ctx.copy(seq_id, sibling.slot.seq_id)
+                    sibling.evaluated = sibling.position = end
+                    sibling.slot.cached = list(prompt)
+                for each in (sequence, *sequence.siblings):
+                    self._emit(each, end - start - 1)
         except Exception as exc:
-            self._leave(sequence)
+            for each in (sequence, *sequence.siblings):
+                self._leave(each)
             sequence.job.deliver(exc)
 
     def _decode(self) -> None:
@@ -792,6 +838,7 @@ class LlamaCppEngine(MailboxStreams[_Job]):
             token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx.ctx, index)
         logprob = None if raw is None else self._logprobs(raw, token, decoding.params.logprobs or 0)
         output = decoding.output(token, logprob)
+        output.index = sequence.index
         sequence.token = None if output.finished else token
         if output.finished:  # out of its slot before the client can see the answer
             self._leave(sequence)

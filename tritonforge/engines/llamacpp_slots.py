@@ -78,3 +78,16 @@ def may_join(wanted: str | None, on_context: str | None, running: int) -> bool:
     needs the adapter already set; otherwise it waits, and so does everyone behind it.
     """
     return running == 0 or wanted == on_context
+
+
+def spare_slots(slots: Sequence[Slot], taken: Slot, count: int) -> list[Slot] | None:
+    """``count`` free slots besides ``taken``, least recently used first; None if fewer.
+
+    A request for n sequences runs in n slots at once: its prompt is evaluated in
+    ``taken`` and copied into these, whose own caches are the stalest to give up.
+    """
+    free = sorted(
+        (slot for slot in slots if not slot.busy and slot is not taken),
+        key=lambda slot: slot.last_used,
+    )
+    return free[:count] if len(free) >= count else None
