@@ -31,8 +31,17 @@ PROMPT_INPUTS = ("text_input", "messages", "input_ids")
 # ``priority`` is not among them: where it reaches the model as a request parameter
 # (HTTP ``/generate``) it is the sampling key of that name, honoured or refused by the
 # engine like the tensor's (docs/compatibility.md says where Triton keeps it).
+# ``traceparent`` is a request's W3C trace context (docs/tracing.md): every model must
+# accept it, the OpenAI frontend sends it to whichever model it serves.
 TRANSPORT_PARAMETERS = frozenset(
-    {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "timeout"}
+    {
+        "binary_data_output",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "timeout",
+        "traceparent",
+    }
 )
 
 

@@ -255,3 +255,15 @@ def test_admission_shows_its_decision_and_prediction(exporter: InMemorySpanExpor
             decisions[request_id] = dict(span.attributes or {})
     assert decisions["no-slo"]["tritonforge.admission.decision"] == "no_slo"
     assert decisions["slo"]["tritonforge.admission.decision"] == "admitted"
+
+
+def test_a_traceparent_parameter_is_transport_not_sampling() -> None:
+    """The OpenAI frontend sends it to any model it serves, guarded_chat included."""
+    from tritonforge.pipelines.guarded_chat import GuardedChat
+    from tritonforge.serving.cancellation import CancelBoard
+
+    inputs = {"text_input": np.array([b"hi"], dtype=np.object_)}
+    parameters = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "max_tokens": 3}
+    assert parse_request(inputs, parameters).sampling.max_tokens == 3
+    chat = GuardedChat.from_inputs(inputs, parameters, "inner-1", CancelBoard())
+    assert json.loads(chat.inputs.tensors["sampling_parameters"][0]) == {"max_tokens": 3}
