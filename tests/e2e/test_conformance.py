@@ -26,6 +26,7 @@ from tests.e2e.client import (
     LONG_GREEDY,
     bool_input,
     bytes_input,
+    compact_json_budget,
     generate,
     generate_stream_text,
     llm_inputs,
@@ -195,7 +196,8 @@ def test_json_schema_output_validates(server, model: str) -> None:
     """
     messages = [{"role": "user", "content": "Describe a person as JSON."}]
     constraint = {"json": PERSON_SCHEMA, "disable_any_whitespace": True}
-    sampling = {"temperature": 0, "max_tokens": 96, "structured_outputs": constraint}
+    budget = compact_json_budget({"name": "x" * 24, "age": 150})
+    sampling = {"temperature": 0, "max_tokens": budget, "structured_outputs": constraint}
     if model == "tensorrt_llm_model":  # its guided decoding has no whitespace switch
         result = stream(
             server.grpc_url, model, llm_inputs(None, messages=messages, sampling=sampling)
@@ -261,6 +263,7 @@ def test_same_seed_same_sample(server, model: str) -> None:
 # --- cancellation ----------------------------------------------------------------------
 
 
+@pytest.mark.speed
 def test_cancelled_stream_stops_the_engine_work(server, model: str) -> None:
     def cancelled() -> float:
         return requests_cancelled(server.metrics_url, ENGINES[model], model)
@@ -339,6 +342,7 @@ def _running(server, model: str) -> float:
     return requests_running(server.metrics_url, ENGINES[model], model)
 
 
+@pytest.mark.speed
 def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) -> None:
     wait_for(lambda: _running(server, model) == 0, what="an idle engine")
     started = time.monotonic()
@@ -354,6 +358,7 @@ def test_timeout_s_ends_a_long_request_and_frees_the_engine(server, model: str) 
     assert run(server, model, sampling=GREEDY, stream=False).text  # still serving
 
 
+@pytest.mark.speed
 def test_timeout_s_ends_a_non_streamed_http_generate(server, model: str) -> None:
     """The remedy for a /generate client that leaves: Triton 2.51 never says it left."""
     body = {"text_input": PROMPT, "parameters": {**LONG_GREEDY, "timeout_s": 0.5}}
@@ -367,6 +372,7 @@ def test_timeout_s_ends_a_non_streamed_http_generate(server, model: str) -> None
     wait_for(lambda: _running(server, model) == 0, timeout_s=10, what="running back to 0")
 
 
+@pytest.mark.speed
 def test_tritons_request_timeout_is_the_same_deadline(server, model: str) -> None:
     """Triton's own ``timeout`` parameter (microseconds; tritonclient's ``timeout=``)."""
     wait_for(lambda: _running(server, model) == 0, what="an idle engine")

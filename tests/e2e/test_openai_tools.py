@@ -49,6 +49,21 @@ SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
+def _longest_call(name: str) -> int:
+    """Characters in the longest call of ``name`` its schema allows, with the widest
+    separators a compact JSON grammar may use (every property is an ``enum``)."""
+    properties = SCHEMAS[name]["properties"]
+    arguments = {key: max(spec["enum"], key=len) for key, spec in properties.items()}
+    call = {"name": name, "arguments": arguments}
+    return len(json.dumps(call, separators=(", ", ": ")))
+
+
+#: A forced call is generated compact and every token carries at least one character,
+#: so this many tokens (the longest call, then the end of the answer) always close it:
+#: a ``length`` finish would be the server's fault, never the model's choice.
+CALL_BUDGET = max(_longest_call(name) for name in SCHEMAS) + 1
+
+
 @pytest.fixture(scope="module")
 def client(frontend: OpenAIFrontend, triton_server: TritonServer) -> openai.OpenAI:
     if not model_ready(triton_server, MODEL):
@@ -64,13 +79,14 @@ def _valid_call(call, allowed: set[str]) -> dict:
     return arguments
 
 
+@pytest.mark.speed
 def test_a_named_choice_returns_a_call_valid_under_its_schema(client) -> None:
     answer = client.chat.completions.create(
         model=MODEL,
         messages=ASK,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}},
-        max_tokens=64,
+        max_tokens=CALL_BUDGET,
     )
     choice = answer.choices[0]
     assert choice.finish_reason == "stop" and choice.message.content is None  # as OpenAI
@@ -78,9 +94,10 @@ def test_a_named_choice_returns_a_call_valid_under_its_schema(client) -> None:
     _valid_call(choice.message.tool_calls[0], {"get_time"})
 
 
+@pytest.mark.speed
 def test_required_returns_a_call_of_one_of_the_tools(client) -> None:
     answer = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=64
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=CALL_BUDGET
     )
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -91,7 +108,7 @@ def _tool_loop(client: openai.OpenAI, model: str) -> None:
     """Call → the tool's answer as a ``tool`` message → a final answer, SDK objects reused."""
     messages: list = list(ASK)
     first = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=64
+        model=model, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=CALL_BUDGET
     )
     message = first.choices[0].message
     messages.append(message)  # the SDK's own object: content None, tool_calls set
@@ -104,12 +121,16 @@ def _tool_loop(client: openai.OpenAI, model: str) -> None:
     choice = final.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     if choice.finish_reason == "tool_calls":
+        # ``auto`` is free text read back: the shape is the server's, the values the
+        # model's (they need not satisfy an enum it was never held to).
         for call in choice.message.tool_calls:
-            _valid_call(call, set(SCHEMAS))
+            assert call.function.name in SCHEMAS and call.id
+            assert isinstance(json.loads(call.function.arguments), dict)
     else:
         assert isinstance(choice.message.content, str) and not choice.message.tool_calls
 
 
+@pytest.mark.speed
 def test_the_sdk_tool_loop_completes(client) -> None:
     _tool_loop(client, MODEL)
 
@@ -121,6 +142,7 @@ def test_the_sdk_tool_loop_completes_on_llamacpp(client, triton_server: TritonSe
     _tool_loop(client, "llamacpp_model")
 
 
+@pytest.mark.speed
 def test_a_streamed_call_arrives_as_openai_streams_it(client) -> None:
     chunks = list(
         client.chat.completions.create(
@@ -128,7 +150,7 @@ def test_a_streamed_call_arrives_as_openai_streams_it(client) -> None:
             messages=ASK,
             tools=TOOLS,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            max_tokens=64,
+            max_tokens=CALL_BUDGET,
             stream=True,
         )
     )
@@ -158,12 +180,17 @@ def test_bad_tool_input_is_a_400_naming_the_field(client, change: dict, param: s
     assert caught.value.body["param"] == param
 
 
+@pytest.mark.speed
 def test_langchain_bind_tools_gets_a_call_valid_under_its_schema(frontend, client) -> None:
     """LangChain's ``ChatOpenAI.bind_tools`` reads the answer's calls into ``tool_calls``."""
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(
-        model=MODEL, base_url=frontend.base_url, api_key="unused", max_tokens=64, max_retries=0
+        model=MODEL,
+        base_url=frontend.base_url,
+        api_key="unused",
+        max_tokens=CALL_BUDGET,
+        max_retries=0,
     )
     bound = llm.bind_tools(TOOLS, tool_choice="get_weather")
     message = bound.invoke("What is the weather in Rome?")

@@ -50,7 +50,7 @@ from tritonforge.openai.responses import (
 )
 from tritonforge.serving import chat
 from tritonforge.serving.errors import RequestError
-from tritonforge.serving.sampling import MAX_LOGPROBS
+from tritonforge.serving.sampling import MAX_LOGPROBS, STRUCTURED_OPTIONS
 
 #: Body keys passed to the model's ``sampling_parameters`` under the same name: OpenAI's
 #: own, then vLLM's extras (its server takes them in the body too).
@@ -187,19 +187,30 @@ def _common(
 
 
 def _structured(response_format: ResponseFormat | None, extras: Mapping[str, Any]) -> Any:
-    """``response_format`` (or vLLM's extras) as the schema's ``structured_outputs``."""
+    """``response_format`` (or vLLM's extras) as the schema's ``structured_outputs``.
+
+    As vLLM's server does, ``response_format`` sets the constraint over the request's
+    ``structured_outputs``, whose options (``disable_any_whitespace``) still apply: a
+    client can ask an OpenAI-style JSON answer to be compact.
+    """
+    given = extras.get("structured_outputs")
     if response_format is not None and response_format.type != "text":
+        options = (
+            {k: v for k, v in given.items() if k in STRUCTURED_OPTIONS}
+            if isinstance(given, dict)
+            else {}
+        )
         if response_format.type == "json_object":
-            return {"json_object": True}
+            return {**options, "json_object": True}
         spec = response_format.json_schema
         if spec is None or spec.json_schema is None:
             raise invalid(
                 "response_format.json_schema.schema: required for type json_schema",
                 "response_format",
             )
-        return {"json": spec.json_schema}
-    if extras.get("structured_outputs") is not None:
-        return extras["structured_outputs"]
+        return {**options, "json": spec.json_schema}
+    if given is not None:
+        return given
     for key, kind in _GUIDED.items():
         if extras.get(key) is not None:
             return {kind: extras[key]}
@@ -289,7 +300,9 @@ def _constrain(plan: tools.ToolPlan, sampling: dict[str, Any]) -> None:
                 "response_format: cannot be combined with a required or named tool_choice",
                 "response_format",
             )
-        sampling["structured_outputs"] = {"json": plan.structured()}
+        # Compact: a forced call has no free whitespace to spend its tokens on, so its
+        # length is bounded by the allowed names and the tools' schemas.
+        sampling["structured_outputs"] = {"json": plan.structured(), "disable_any_whitespace": True}
 
 
 def completion_request(body: CompletionRequest, spec: ModelSpec) -> TritonRequest:

@@ -64,6 +64,14 @@ def test_a_named_choice_constrains_the_answer_to_that_call() -> None:
     assert names == ["weather", "time"]
 
 
+def test_a_forced_call_is_generated_compact() -> None:
+    """No free whitespace: a forced call's length is bounded by the names and schemas,
+    so a budget that fits the longest call always sees it close."""
+    for choice in (NAMED, "required"):
+        structured = chat(tools=TOOLS, tool_choice=choice).sampling["structured_outputs"]
+        assert structured["disable_any_whitespace"] is True
+
+
 def test_assistant_calls_and_tool_results_keep_their_structure() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
     history = [

@@ -160,6 +160,15 @@ def test_response_format_becomes_structured_outputs() -> None:
     assert as_object.sampling["structured_outputs"] == {"json_object": True}
     assert "structured_outputs" not in chat(response_format={"type": "text"}).sampling
     assert chat(guided_regex="[ab]+").sampling["structured_outputs"] == {"regex": "[ab]+"}
+    # vLLM's server keeps structured_outputs' options under a response_format.
+    compact = chat(
+        response_format={"type": "json_object"},
+        structured_outputs={"disable_any_whitespace": True, "regex": "x"},
+    )
+    assert compact.sampling["structured_outputs"] == {
+        "json_object": True,
+        "disable_any_whitespace": True,
+    }
     missing = error_of(lambda: chat(response_format={"type": "json_schema", "json_schema": {}}))
     assert missing.status == 400 and missing.param == "response_format"
 
