@@ -11,6 +11,8 @@ is left alone: its tracing is off.
 from __future__ import annotations
 
 import json
+import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,13 +24,15 @@ from pathlib import Path
 
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
-from tests.e2e.client import wait_for
-from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
+from tests.e2e.client import llm_inputs, wait_for
+from tritonforge.launch.launcher import MODEL_REPOSITORY, OpenAIFrontend, TritonServer
 from tritonforge.serving.tracing import ENDPOINT_ENV
 from tritonforge.trace.otlp import SpanRecord, decode, otlp_json, spans_of
 
 MODEL = "synthetic_model"
+GUARDED = "guarded_chat"
 #: A prompt no span and no log line may contain.
 PROMPT = "canary-5b1f0c tell me about the moons of Jupiter"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -83,6 +87,19 @@ def triton_trace_args(url: str) -> list[str]:
     ]
 
 
+def repository(root: Path) -> Path:
+    """``synthetic_model``, and ``guarded_chat`` guarding it (instead of vllm_model)."""
+    root.mkdir()
+    (root / MODEL).symlink_to(MODEL_REPOSITORY / MODEL)
+    shutil.copytree(MODEL_REPOSITORY / GUARDED, root / GUARDED)
+    config = root / GUARDED / "config.pbtxt"
+    text = config.read_text()
+    inner = 'key: "llm_model" value: { string_value: "vllm_model" }'
+    assert inner in text, "guarded_chat's inner model is set elsewhere now"
+    config.write_text(text.replace(inner, inner.replace("vllm_model", MODEL)))
+    return root
+
+
 @dataclass(frozen=True)
 class Traced:
     """The frontend in front of a traced server of this module's own, the receiver of
@@ -91,6 +108,7 @@ class Traced:
     frontend: OpenAIFrontend
     receiver: Receiver
     server_log: Path
+    grpc_url: str
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +116,10 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     where = tmp_path_factory.mktemp("tracing")
     receiver = Receiver(where / "spans.jsonl")
     server = TritonServer.on_free_ports(
-        models=[MODEL], extra_args=triton_trace_args(receiver.url), log_path=where / "triton.log"
+        repository=repository(where / "repository"),
+        models=[MODEL, GUARDED],
+        extra_args=triton_trace_args(receiver.url),
+        log_path=where / "triton.log",
     )
     frontend = OpenAIFrontend.on_free_port(server.grpc_url, log_path=where / "openai.log")
     with pytest.MonkeyPatch.context() as patch:  # read by both processes as they start
@@ -109,7 +130,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     try:
         server.wait_ready(120)
         frontend.wait_ready()
-        yield Traced(frontend, receiver, where / "triton.log")
+        yield Traced(frontend, receiver, where / "triton.log", server.grpc_url)
     finally:
         frontend.stop()
         server.stop()
@@ -249,3 +270,54 @@ def test_a_duplicate_id_is_refused_naming_it_and_a_cancel_ends_its_trace_in_erro
     assert refused.error is not None and "already in flight" in refused.error
     assert cancelled is not None and cancelled.attributes["tritonforge.outcome"] == "cancelled"
     assert cancelled.error == "cancelled by the client"
+
+
+def grpc_stream(url: str, model: str, request_id: str, traceparent: str) -> None:
+    """One streamed request over Triton's gRPC API, its id and trace context as a
+    tritonclient user sends them (``request_id=``, the ``traceparent`` metadata)."""
+    events: queue.Queue[tuple[object, object]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(
+        callback=lambda result, error: events.put((result, error)),
+        headers={"traceparent": traceparent},
+    )
+    try:
+        inputs = llm_inputs(PROMPT, {"max_tokens": 8})
+        client.async_stream_infer(
+            model, inputs, request_id=request_id, enable_empty_final_response=True
+        )
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            parameters = result.get_response().parameters  # type: ignore[attr-defined]
+            if parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("model", [MODEL, GUARDED])
+def test_a_triton_grpc_stream_is_one_trace_down_to_the_runtime(traced: Traced, model: str) -> None:
+    """Straight to the model, and through guarded_chat's BLS call to it."""
+    receiver = traced.receiver
+    trace_id = uuid.uuid4().hex
+    request_id = f"tracing-grpc-{uuid.uuid4().hex[:12]}"
+    grpc_stream(traced.grpc_url, model, request_id, f"00-{trace_id}-{CLIENT_SPAN}-01")
+
+    def complete() -> bool:
+        spans = receiver.trace(trace_id)
+        names = {span.name for span in spans}
+        return {"tritonforge.request", "tritonforge.response.final", model} <= names and not (
+            unlinked(spans)
+        )
+
+    wait_for(complete, 30, f"Triton's and the runtime's spans of {model}, linked")
+    spans = receiver.trace(trace_id)
+    [root] = [span for span in spans if span.name == "tritonforge.request"]
+    runtime_id = root.attributes["tritonforge.request_id"]
+    if model == MODEL:
+        assert runtime_id == request_id
+    else:  # the inner request's id names the client's (and is its own)
+        assert runtime_id.startswith(f"{request_id}/guarded_chat-")
+    assert PROMPT not in json.dumps([span.attributes for span in spans])

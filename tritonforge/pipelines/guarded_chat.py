@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ import numpy.typing as npt
 from tritonforge.pipelines.guard import Finding, StreamGuard, findings_json, redact
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import RequestError
+from tritonforge.serving.request_ids import check_request_id
 from tritonforge.serving.responses import text_tensor
 from tritonforge.serving.schema import (
     TRANSPORT_PARAMETERS,
@@ -163,6 +165,21 @@ def guard_inputs(request: GenerateRequest, parameters: Mapping[str, Any]) -> Gua
         if getattr(request.returns, name):
             tensors[f"return_{name}"] = np.array([True])
     return GuardedInputs(tensors, findings, echo)
+
+
+def inner_request_id(client_id: str) -> str:
+    """The id of the inner model's request for a client request of id ``client_id``.
+
+    Unique, since the cancellation board keys by it and the inner model refuses an id
+    already in flight; prefixed with the client's id when it has a usable one, so the
+    inner model's errors, log lines and spans name the request the client knows.
+    """
+    own = f"guarded_chat-{uuid.uuid4().hex}"
+    try:
+        check_request_id(client_id, "id")
+    except RequestError:
+        return own
+    return f"{client_id[:64]}/{own}"
 
 
 def sampling_json(parameters: Mapping[str, Any], tensor_json: str | None) -> str | None:

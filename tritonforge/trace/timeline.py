@@ -39,6 +39,16 @@ def request_id_of(spans: Iterable[SpanRecord]) -> str | None:
     return None
 
 
+def carries(spans: Iterable[SpanRecord], request_id: str) -> bool:
+    """Whether a trace is the request's: a span names its id, or an inner request's id made
+    from it (guarded_chat's ``<id>/guarded_chat-…``)."""
+    for span in spans:
+        value = span.attributes.get("tritonforge.request_id")
+        if isinstance(value, str) and (value == request_id or value.startswith(f"{request_id}/")):
+            return True
+    return False
+
+
 def traces(spans: Iterable[SpanRecord]) -> dict[str, list[SpanRecord]]:
     """Spans by trace id, each trace's spans by start time."""
     grouped: dict[str, list[SpanRecord]] = defaultdict(list)
@@ -56,7 +66,7 @@ def pick(
     if trace_id is not None:
         return grouped.get(trace_id.lower())
     if request_id is not None:
-        found = [group for group in grouped.values() if request_id_of(group) == request_id]
+        found = [group for group in grouped.values() if carries(group, request_id)]
         return found[-1] if found else None
     if not grouped:
         return None

@@ -14,9 +14,9 @@ docs/triton-2.51-workarounds.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
-import uuid
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from tritonforge.pipelines.guarded_chat import (
     GuardedChat,
     InnerError,
     InnerEvent,
+    inner_request_id,
 )
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import EngineBusy, RequestError
@@ -107,13 +108,16 @@ class TritonPythonModel:
 
     # --- the BLS call --------------------------------------------------------------
 
-    def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str):
+    def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str, trace: Any):
+        """The inner request, in the client request's trace (``trace``: its Triton trace,
+        so that with Triton's OpenTelemetry trace on the inner model's spans join it)."""
         relayed = [name for name in RELAYED_RETURNS if f"return_{name}" in tensors]
         request = pb_utils.InferenceRequest(
             model_name=self.inner_model,
             inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
             requested_output_names=["text_output", *relayed],
             request_id=request_id,
+            trace=trace,
         )
         for response in request.exec(decoupled=True):
             if response.has_error():
@@ -147,23 +151,21 @@ class TritonPythonModel:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 raw = request.parameters()
                 parameters = json.loads(raw) if isinstance(raw, str) and raw else {}
-                self._start(
-                    GuardedChat.from_inputs(
-                        inputs,
-                        parameters,
-                        f"guarded_chat-{uuid.uuid4().hex}",  # for the board: workaround W1
-                        self.board,
-                        self.inner_model,
-                    ),
-                    outbox,
+                chat = GuardedChat.from_inputs(
+                    inputs,
+                    parameters,
+                    inner_request_id(request.request_id()),  # for the board: workaround W1
+                    self.board,
+                    self.inner_model,
                 )
+                self._start(chat, outbox, request.trace())
             except Exception as exc:
                 if not isinstance(exc, RequestError | EngineBusy):
                     pb_utils.Logger.log_error(f"[guarded_chat] execute failed: {exc!r}")
                 outbox.close(None, exc)
         return None
 
-    def _start(self, chat: GuardedChat, outbox: _Outbox) -> None:
+    def _start(self, chat: GuardedChat, outbox: _Outbox, trace: Any) -> None:
         # Triton 2.51 workaround W4, see docs/triton-2.51-workarounds.md
         with self._lock:
             if self._closing:
@@ -171,14 +173,14 @@ class TritonPythonModel:
             if len(self._inflight) >= self.max_inflight:
                 raise EngineBusy.at_bound("guarded_chat", self.max_inflight)
             thread = threading.Thread(
-                target=self._serve, args=(chat, outbox), name="guarded-chat", daemon=True
+                target=self._serve, args=(chat, outbox, trace), name="guarded-chat", daemon=True
             )
             self._inflight[chat.request_id] = thread
         thread.start()
 
-    def _serve(self, chat: GuardedChat, outbox: _Outbox) -> None:
+    def _serve(self, chat: GuardedChat, outbox: _Outbox, trace: Any) -> None:
         try:
-            chat.run(self._call_inner, outbox)
+            chat.run(functools.partial(self._call_inner, trace=trace), outbox)
         except Exception as exc:  # a bug here must still end the client's request
             pb_utils.Logger.log_error(f"[guarded_chat] request failed: {exc!r}")
             try:

@@ -106,3 +106,13 @@ def test_a_failed_requests_log_line_names_the_clients_id() -> None:
     finally:
         runtime.stop()
     assert any("request client-42 failed" in line for line in logger.errors), logger.errors
+
+
+def test_guarded_chats_inner_request_names_the_clients_id_and_is_its_own() -> None:
+    from tritonforge.pipelines.guarded_chat import inner_request_id
+
+    first, second = inner_request_id("client-7"), inner_request_id("client-7")
+    assert first.startswith("client-7/guarded_chat-") and first != second
+    assert inner_request_id("").startswith("guarded_chat-")  # no id: its own only
+    assert inner_request_id("two words").startswith("guarded_chat-")  # unusable: the same
+    assert check_request_id(inner_request_id("x" * 128), "id")  # a long one still fits
