@@ -28,6 +28,10 @@ NOT_RUN = {
     "tritonforge/serving/": "the package layout",
     "docker build": "needs Docker and an NVIDIA GPU; docker/run_gpu_tests.sh",
     "INFO … [vllm.py": "log lines the vLLM adapter prints",
+    "TRITONFORGE_OTLP_ENDPOINT=": "a traced make serve; tests/e2e/test_tracing.py serves one",
+    "python -m tritonforge.trace": "reads a recorded export; tests/unit/trace/test_trace_cli.py",
+    "trace ": "what python -m tritonforge.trace prints",
+    "receivers:": "an OpenTelemetry Collector's configuration, not a command",
 }
 #: Steps of serving one's own model (writing and loading it) run on a server of their own.
 OWN_MODEL = "tests/e2e/test_your_own_model.py"
