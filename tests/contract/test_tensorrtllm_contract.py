@@ -172,11 +172,20 @@ def test_structured_outputs_map_to_guided_decoding(engine, structured, expected)
     assert {k: getattr(guided, k) for k in expected} == expected
 
 
-def test_compact_json_is_refused_naming_the_option(engine) -> None:
-    """GuidedDecodingParams has no whitespace switch: say so instead of ignoring it."""
-    compact = {"json": {"type": "object"}, "disable_any_whitespace": True}
-    with pytest.raises(RequestError, match="disable_any_whitespace: not supported"):
-        run(engine, max_tokens=2, structured_outputs=compact)
+def test_compact_json_is_an_ebnf_grammar_without_free_whitespace(engine) -> None:
+    """GuidedDecodingParams has no whitespace switch: compact JSON goes as xgrammar's
+    EBNF (its own grammar library), which accepts the compact answer and nothing looser."""
+    import xgrammar
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for structured in ({"json": schema}, {"json_object": True}):
+        run(engine, max_tokens=2, structured_outputs={**structured, "disable_any_whitespace": True})
+        guided = sent(engine)[1].guided_decoding
+        assert guided.grammar and not guided.json and not guided.json_object
+        compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo(["a"]))
+        compiled = compiler.compile_grammar(xgrammar.Grammar.from_ebnf(guided.grammar))
+        assert xgrammar.GrammarMatcher(compiled).accept_string('{"a": 1}')
+        assert not xgrammar.GrammarMatcher(compiled).accept_string('{ "a": 1}')
 
 
 # --- streamed outputs -> deltas ------------------------------------------------------

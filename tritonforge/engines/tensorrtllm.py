@@ -41,9 +41,9 @@ from tritonforge.engines.base import (
     TokenLogprob,
     stop_on_thread,
 )
+from tritonforge.engines.compact_json import compact_json_grammar
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.engines.text_stream import StopStringMatcher
-from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import PRIORITY_LIMIT, SamplingParams
 
 # --- the LLM API, loaded at model load ---------------------------------------------
@@ -136,12 +136,9 @@ def to_trtllm_sampling(api: LlmApi, params: SamplingParams) -> Any:
     guided = None
     if params.structured_outputs is not None:
         kind, value = params.structured_outputs.kind, params.structured_outputs.value
-        if params.structured_outputs.disable_any_whitespace:
-            raise RequestError(
-                "sampling_parameters.structured_outputs.disable_any_whitespace",
-                "not supported by TensorRT-LLM's guided decoding",
-            )
-        if kind == "choice":
+        if params.structured_outputs.disable_any_whitespace:  # json or json_object only
+            guided = api.GuidedDecodingParams(grammar=compact_json_grammar(kind, value))
+        elif kind == "choice":
             guided = api.GuidedDecodingParams(regex="|".join(re.escape(c) for c in value))
         elif kind == "json_object":
             guided = api.GuidedDecodingParams(json_object=True)

@@ -64,6 +64,7 @@ from tritonforge.engines.base import (
     adapter_unloaded,
     stop_on_thread,
 )
+from tritonforge.engines.compact_json import compact_json_grammar
 from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.serving.errors import RequestError
@@ -106,9 +107,12 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     structured = None
     if params.structured_outputs is not None:
         spec = params.structured_outputs
-        structured = StructuredOutputsParams(
-            **{spec.kind: spec.value}, disable_any_whitespace=spec.disable_any_whitespace
-        )
+        if spec.disable_any_whitespace:  # per request: vLLM reads only its engine-wide switch
+            structured = StructuredOutputsParams(
+                grammar=compact_json_grammar(spec.kind, spec.value)
+            )
+        else:
+            structured = StructuredOutputsParams(**{spec.kind: spec.value})
     return VllmSamplingParams(
         n=params.n,
         max_tokens=params.max_tokens,
