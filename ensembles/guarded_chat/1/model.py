@@ -32,7 +32,8 @@ from tritonforge.pipelines.guarded_chat import (
 )
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import EngineBusy, RequestError
-from tritonforge.triton.model import triton_error
+from tritonforge.serving.tracing import TRACEPARENT
+from tritonforge.triton.model import traceparent_of, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -108,16 +109,22 @@ class TritonPythonModel:
 
     # --- the BLS call --------------------------------------------------------------
 
-    def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str, trace: Any):
-        """The inner request, in the client request's trace (``trace``: its Triton trace,
-        so that with Triton's OpenTelemetry trace on the inner model's spans join it)."""
+    def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str, traceparent: str | None):
+        """The inner request, in the client request's trace: ``traceparent`` (Triton's span
+        of this model, else the client's parameter) goes as the inner request's parameter.
+
+        Not as Triton's trace object (``trace=request.trace()``): the call runs on a thread
+        after ``execute`` returned, and Triton 2.51 was seen to crash (SIGSEGV in
+        ``TRITONSERVER_ServerInferAsync``) spawning a child of the released request's trace.
+        """
         relayed = [name for name in RELAYED_RETURNS if f"return_{name}" in tensors]
+        extra = {"parameters": {TRACEPARENT: traceparent}} if traceparent else {}
         request = pb_utils.InferenceRequest(
             model_name=self.inner_model,
             inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
             requested_output_names=["text_output", *relayed],
             request_id=request_id,
-            trace=trace,
+            **extra,
         )
         for response in request.exec(decoupled=True):
             if response.has_error():
@@ -158,14 +165,14 @@ class TritonPythonModel:
                     self.board,
                     self.inner_model,
                 )
-                self._start(chat, outbox, request.trace())
+                self._start(chat, outbox, traceparent_of(request, parameters))
             except Exception as exc:
                 if not isinstance(exc, RequestError | EngineBusy):
                     pb_utils.Logger.log_error(f"[guarded_chat] execute failed: {exc!r}")
                 outbox.close(None, exc)
         return None
 
-    def _start(self, chat: GuardedChat, outbox: _Outbox, trace: Any) -> None:
+    def _start(self, chat: GuardedChat, outbox: _Outbox, traceparent: str | None) -> None:
         # Triton 2.51 workaround W4, see docs/triton-2.51-workarounds.md
         with self._lock:
             if self._closing:
@@ -173,14 +180,17 @@ class TritonPythonModel:
             if len(self._inflight) >= self.max_inflight:
                 raise EngineBusy.at_bound("guarded_chat", self.max_inflight)
             thread = threading.Thread(
-                target=self._serve, args=(chat, outbox, trace), name="guarded-chat", daemon=True
+                target=self._serve,
+                args=(chat, outbox, traceparent),
+                name="guarded-chat",
+                daemon=True,
             )
             self._inflight[chat.request_id] = thread
         thread.start()
 
-    def _serve(self, chat: GuardedChat, outbox: _Outbox, trace: Any) -> None:
+    def _serve(self, chat: GuardedChat, outbox: _Outbox, traceparent: str | None) -> None:
         try:
-            chat.run(functools.partial(self._call_inner, trace=trace), outbox)
+            chat.run(functools.partial(self._call_inner, traceparent=traceparent), outbox)
         except Exception as exc:  # a bug here must still end the client's request
             pb_utils.Logger.log_error(f"[guarded_chat] request failed: {exc!r}")
             try:
