@@ -272,7 +272,7 @@ def test_a_duplicate_id_is_refused_naming_it_and_a_cancel_ends_its_trace_in_erro
     assert cancelled.error == "cancelled by the client"
 
 
-def grpc_stream(url: str, model: str, request_id: str, traceparent: str) -> None:
+def grpc_stream(url: str, model: str, request_id: str, traceparent: str, streamed: bool) -> None:
     """One streamed request over Triton's gRPC API, its id and trace context as a
     tritonclient user sends them (``request_id=``, the ``traceparent`` metadata)."""
     events: queue.Queue[tuple[object, object]] = queue.Queue()
@@ -282,7 +282,7 @@ def grpc_stream(url: str, model: str, request_id: str, traceparent: str) -> None
         headers={"traceparent": traceparent},
     )
     try:
-        inputs = llm_inputs(PROMPT, {"max_tokens": 8})
+        inputs = llm_inputs(PROMPT, {"max_tokens": 8}, stream=streamed)
         client.async_stream_infer(
             model, inputs, request_id=request_id, enable_empty_final_response=True
         )
@@ -297,13 +297,16 @@ def grpc_stream(url: str, model: str, request_id: str, traceparent: str) -> None
         client.close()
 
 
-@pytest.mark.parametrize("model", [MODEL, GUARDED])
-def test_a_triton_grpc_stream_is_one_trace_down_to_the_runtime(traced: Traced, model: str) -> None:
-    """Straight to the model, and through guarded_chat's BLS call to it."""
+@pytest.mark.parametrize(("model", "streamed"), [(MODEL, True), (GUARDED, True), (GUARDED, False)])
+def test_a_triton_grpc_stream_is_one_trace_down_to_the_runtime(
+    traced: Traced, model: str, streamed: bool
+) -> None:
+    """Straight to the model, and through guarded_chat's BLS call to it (streamed or not:
+    either way the BLS call runs on a thread after ``execute`` returned)."""
     receiver = traced.receiver
     trace_id = uuid.uuid4().hex
     request_id = f"tracing-grpc-{uuid.uuid4().hex[:12]}"
-    grpc_stream(traced.grpc_url, model, request_id, f"00-{trace_id}-{CLIENT_SPAN}-01")
+    grpc_stream(traced.grpc_url, model, request_id, f"00-{trace_id}-{CLIENT_SPAN}-01", streamed)
 
     def complete() -> bool:
         spans = receiver.trace(trace_id)
