@@ -2,10 +2,10 @@
 
 A real OTLP/HTTP receiver (a small HTTP server decoding ``ExportTraceServiceRequest``
 with opentelemetry-proto) takes the spans of a tritonserver of this module's own —
-only ``synthetic_model``, ready in seconds — with Triton's own OpenTelemetry trace
-on, and of the OpenAI frontend in front of it, both with tracing configured as a
-user would (the environment, and Triton's ``--trace-config``). The session's server
-is left alone: its tracing is off.
+``synthetic_model`` and ``guarded_chat`` guarding it, ready in seconds — with Triton's
+own OpenTelemetry trace on, and of the OpenAI frontend in front of it, both with
+tracing configured as a user would (the environment, and Triton's ``--trace-config``).
+The session's server is left alone: its tracing is off.
 """
 
 from __future__ import annotations
