@@ -69,6 +69,7 @@ from tritonforge.engines.host_settings import for_this_host
 from tritonforge.engines.lora import LORA_FILE, LoraAdapter
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.sampling import MAX_N, SamplingParams
+from tritonforge.serving.tracing import engine_trace_headers
 
 # Under vLLM's logger tree, so the lines reach the server log through vLLM's own handler
 # (which vLLM sets up while it builds the engine: the lines are logged after that).
@@ -180,6 +181,9 @@ class VllmEngine(HFTokenizedEngine):
         self._scratch: Path | None = None
         #: Why each host-dependent setting is what it is (logged once vLLM's logging is set up).
         self._settings_log: tuple[str, ...] = ()
+        #: vLLM exports request spans of its own (``otlp_traces_endpoint`` in model.json):
+        #: a traced request's context goes with it, so they join its trace.
+        self._traces = False
         if engine_args.scheduling_policy == "priority":
             self.priority_unsupported = None
         else:
@@ -279,6 +283,7 @@ class VllmEngine(HFTokenizedEngine):
     async def start(self) -> None:
         self._reserve_base_slot()
         self._engine = AsyncLLM.from_engine_args(self._args, stat_loggers=[_SchedulerSnapshot])
+        self._traces = self._engine.observability_config.otlp_traces_endpoint is not None
         for line in self._settings_log:  # vLLM configures its loggers while building the engine
             _log.info(line)
         self._tokenizer = self._engine.get_tokenizer()
@@ -309,6 +314,7 @@ class VllmEngine(HFTokenizedEngine):
             request_id,
             lora_request=lora,
             priority=sampling.priority,
+            trace_headers=engine_trace_headers() if self._traces else None,
         ):
             # One completion per step with n = 1; with n > 1 each step's output holds
             # the sequences it advanced, each with its index.

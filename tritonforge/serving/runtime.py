@@ -601,6 +601,8 @@ class Runtime:
             taker.take(delta)
             return True
 
+        if entry.trace is not None:  # an engine that traces itself joins the trace
+            entry.trace.enter_engine()
         work = self.engine.push(request_id, prepared, request.sampling, take)
         deadline = entry.deadline
         if deadline is None:

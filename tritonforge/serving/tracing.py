@@ -28,6 +28,7 @@ put on a span.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import threading
@@ -61,6 +62,19 @@ OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 SAMPLING_ENV = "TRITONFORGE_TRACE_SAMPLING"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+#: The trace context of the traced request an engine call serves (its task's context).
+_ENGINE_TRACEPARENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tritonforge_engine_traceparent", default=None
+)
+
+
+def engine_trace_headers() -> dict[str, str] | None:
+    """W3C headers for an engine that traces requests itself (vLLM's request span), so
+    its span joins the request's trace under ``tritonforge.request``; None when the
+    request being served is not traced."""
+    traceparent = _ENGINE_TRACEPARENT.get()
+    return None if traceparent is None else {TRACEPARENT: traceparent}
 
 
 @dataclass(frozen=True)
@@ -196,6 +210,11 @@ class RequestTrace:
         self.final_send: tuple[float, float] | None = None
         self._lock = threading.Lock()
         self._ended = False
+
+    def enter_engine(self) -> None:
+        """Make the request's root span the parent of the engine's own spans: called in
+        the task that runs the request's engine call (:func:`engine_trace_headers`)."""
+        _ENGINE_TRACEPARENT.set(traceparent_of(self.root))
 
     def channel(self, inner: Channel) -> TracedChannel:
         """``inner`` with every send timed for this trace."""

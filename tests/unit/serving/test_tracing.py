@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -16,9 +16,11 @@ from opentelemetry.trace import StatusCode
 
 from tests import fakes
 from tests.unit.serving.test_request_ids import IdEngine
+from tritonforge.engines.base import EngineOutput, PreparedPrompt
 from tritonforge.serving.admission import Admission, AdmissionSettings
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.sampling import SamplingParams
 from tritonforge.serving.schema import GenerateRequest, parse_request
 from tritonforge.serving.tracing import (
     ENDPOINT_ENV,
@@ -27,6 +29,7 @@ from tritonforge.serving.tracing import (
     RuntimeTracer,
     TraceSettings,
     context_traceparent,
+    engine_trace_headers,
     runtime_tracer,
     tracer_provider,
 )
@@ -267,3 +270,43 @@ def test_a_traceparent_parameter_is_transport_not_sampling() -> None:
     assert parse_request(inputs, parameters).sampling.max_tokens == 3
     chat = GuardedChat.from_inputs(inputs, parameters, "inner-1", CancelBoard())
     assert json.loads(chat.inputs.tensors["sampling_parameters"][0]) == {"max_tokens": 3}
+
+
+class HeaderEngine(fakes.ScriptedEngine):
+    """Keeps what an engine that traces itself would be handed for each request."""
+
+    def __init__(self) -> None:
+        super().__init__(fakes.word_script(2))
+        self.headers: dict[str, dict[str, str] | None] = {}
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        self.headers[request_id] = engine_trace_headers()
+        async for delta in super().generate(request_id, prompt, sampling):
+            yield delta
+
+
+def test_an_engine_that_traces_itself_gets_the_request_span_as_parent(
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    engine = HeaderEngine()
+    runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
+    runtime.start()
+    try:
+        for request_id, traceparent in (
+            ("traced", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"),
+            ("not-sampled", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"),
+        ):
+            channel = fakes.RecordingChannel()
+            runtime.submit(
+                canary_request(), channel, request_id=request_id, traceparent=traceparent
+            )
+            assert channel.done.wait(10)
+    finally:
+        runtime.stop()
+    root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
+    expected = f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-01"
+    assert engine.headers == {"traced": {"traceparent": expected}, "not-sampled": None}
