@@ -42,7 +42,7 @@ from tritonforge.bench.reliability.clients import Server
 from tritonforge.bench.reliability.models import ENSEMBLE, LLM
 from tritonforge.bench.reliability.verdict import Scenario, judged
 from tritonforge.serving.errors import printable
-from tritonforge.serving.sampling import ACCEPTED_KEYS
+from tritonforge.serving.sampling import ACCEPTED_KEYS, MAX_N
 from tritonforge.serving.schema import TRANSPORT_PARAMETERS
 
 INT_KEYS = ("max_tokens", "min_tokens", "top_k", "seed", "logprobs", "n")
@@ -171,7 +171,7 @@ _RANGES: dict[str, st.SearchStrategy[Any]] = {
     "top_k": st.integers(INT64[0], -2),
     "seed": st.one_of(st.integers(INT64[0], -1), st.integers(2**63, 2**70)),
     "logprobs": st.one_of(st.integers(INT64[0], -1), st.integers(21, INT64[1])),
-    "n": st.one_of(st.integers(INT64[0], 0), st.integers(2, INT64[1])),
+    "n": st.one_of(st.integers(INT64[0], 0), st.integers(MAX_N + 1, INT64[1])),
     "temperature": st.floats(max_value=-1e-6, allow_nan=False, allow_infinity=False),
     "top_p": st.one_of(
         st.floats(max_value=0.0, allow_nan=False, allow_infinity=False),
