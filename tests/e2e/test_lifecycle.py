@@ -31,9 +31,9 @@ def own_server(tmp_path_factory: pytest.TempPathFactory):
     """A server of these tests' own, with vllm_model only.
 
     They unload, reload and stop it, so they must not depend on what the rest of the
-    suite left on the shared server (README, known issue: guarded_chat may stay
-    UNLOADING there, and Triton's shutdown then ends in its exit timeout).
-    Triton 2.51 workaround W12, see docs/triton-2.51-workarounds.md.
+    suite left on the shared server (a model stuck UNLOADING makes Triton's shutdown
+    wait out its exit timeout: Triton 2.51 workaround W12, see
+    docs/triton-2.51-workarounds.md).
     """
     log = tmp_path_factory.mktemp("lifecycle") / "server.log"
     with TritonServer.on_free_ports(models=[MODEL], log_path=log) as server:

@@ -9,7 +9,7 @@ be met now (a load balancer can send it to another replica at once),
 
 A Triton gRPC *stream* carries an error as a message string without its status code,
 so the mapping reads the message. The models of this project word their errors
-predictably (README.md, "Bad input never takes a model down"): an invalid argument
+predictably (docs/reference/requests.md, bad input): an invalid argument
 starts with the field it concerns (``sampling_parameters.top_p: must be in (0, 1]``),
 a full queue says "busy", an aborted request "deadline exceeded"; Triton's own
 rejections have fixed phrases. Anything unrecognised is a 500 and says so.

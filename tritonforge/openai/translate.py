@@ -69,8 +69,8 @@ SAMPLING_KEYS = (
     "stop_token_ids",
     "skip_special_tokens",
     "include_stop_str_in_output",
-    "timeout_s",  # this project's: the request's deadline (README.md, "Deadlines")
-    "slo_ttft_ms",  # this project's: SLOs and priority (README.md, "SLOs and priorities")
+    "timeout_s",  # this project's: the request's deadline (docs/reference/requests.md, "Deadlines")
+    "slo_ttft_ms",  # this project's: SLOs and priority (docs/features/slo-admission.md)
     "slo_tpot_ms",
     "priority",
 )

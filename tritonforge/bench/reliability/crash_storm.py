@@ -1,7 +1,7 @@
 """Crash storm: requests cancelled at chosen moments, counting crashes (server or stub).
 
 Triton 2.51 died once here (SIGSEGV) right after a client cancelled a gRPC stream, and
-upstream fixed cancellation races after that release (README.md, "Reliability"). This
+upstream fixed cancellation races after that release (docs/features/reliability.md). This
 storm looks for the trigger: clients cancel requests at one of several moments, each a
 *pattern*, and every crash of the server is recorded with the cancels of each pattern
 issued in the second before it, the server's log lines before it, and its exit cause;

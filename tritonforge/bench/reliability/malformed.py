@@ -11,12 +11,12 @@ storm the greedy answer to a fixed prompt must equal the one taken before it, on
 same server (never a hard-coded text: it differs between CPUs).
 
 Left out on purpose, because Triton 2.51's HTTP frontend answers them 500 before any
-model code runs (README, known limits): a non-boolean ``stream`` or
+model code runs (docs/triton-2.51-workarounds.md): a non-boolean ``stream`` or
 ``exclude_input_in_output``, a number or object as ``text_input``, a string as
 ``input_ids``, a body that is not JSON. Request parameters carry only scalars (the
 frontends' own rule), and over gRPC every tensor has the type the model declares:
 a request Triton's own validation refuses on a stream keeps the model from unloading
-(README, Triton 2.51 behaviours).
+(docs/triton-2.51-workarounds.md).
 """
 
 from __future__ import annotations
