@@ -44,7 +44,8 @@ def test_every_generated_request_is_refused_naming_the_expected_field(case: Malf
 @settings(max_examples=100, deadline=None, database=None)
 @given(case=malformed_requests())
 def test_http_bodies_are_json_and_never_a_frontend_500_shape(case: Malformed) -> None:
-    """The shapes Triton's HTTP frontend answers 500 are left out (docs/triton-2.51-workarounds.md)."""
+    """The shapes Triton's HTTP frontend answers 500 are left out
+    (docs/triton-2.51-workarounds.md)."""
     body = case.http_body()
     assert not {"stream", "exclude_input_in_output", "input_ids"} & set(body)
     assert all(isinstance(body[k], str) for k in ("text_input", "messages") if k in body)

@@ -182,7 +182,8 @@ def test_chat_messages_are_redacted_one_by_one() -> None:
 
 
 def test_non_streamed_text_prompt_is_echoed_redacted_unless_excluded(board) -> None:
-    # The schema's rule for every LLM model (docs/reference/requests.md), guarded: the echo is redacted.
+    # The schema's rule for every LLM model (docs/reference/requests.md), guarded: the
+    # echo is redacted.
     outbox = FakeOutbox()
     _chat("mail jo@example.com:", board, stream=False).run(_inner(InnerEvent(text=" ok")), outbox)
     assert outbox.final[0]["text_output"][0] == b"mail [EMAIL]: ok"
