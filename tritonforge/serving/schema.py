@@ -32,10 +32,13 @@ PROMPT_INPUTS = ("text_input", "messages", "input_ids")
 # (HTTP ``/generate``) it is the sampling key of that name, honoured or refused by the
 # engine like the tensor's (docs/compatibility.md says where Triton keeps it).
 # ``traceparent`` is a request's W3C trace context (docs/tracing.md): every model must
-# accept it, the OpenAI frontend sends it to whichever model it serves.
+# accept it, the OpenAI frontend sends it to whichever model it serves. ``id`` is
+# ``/generate``'s request id: Triton 2.51 takes it as the request's id and passes it on
+# as a parameter too.
 TRANSPORT_PARAMETERS = frozenset(
     {
         "binary_data_output",
+        "id",
         "sequence_id",
         "sequence_start",
         "sequence_end",

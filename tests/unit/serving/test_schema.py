@@ -73,6 +73,8 @@ def test_transport_parameters_are_not_sampling_keys() -> None:
         {"text_input": text("x")}, {"binary_data_output": True, "max_tokens": 3}
     )
     assert request.sampling.max_tokens == 3
+    # /generate's "id" reaches the model as a parameter beside the request's id.
+    assert parse_request({"text_input": text("x")}, {"id": "my-req-1"}).sampling.max_tokens
 
 
 @pytest.mark.parametrize(
