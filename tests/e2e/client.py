@@ -319,9 +319,14 @@ def wait_for(
 
 
 @contextmanager
-def openai_frontend(grpc_url: str, log_path: Path) -> Iterator[OpenAIFrontend]:
-    """This project's OpenAI frontend in front of ``grpc_url`` on a free port, ready."""
-    service = OpenAIFrontend.on_free_port(grpc_url, log_path=log_path)
+def openai_frontend(server: TritonServer, log_path: Path) -> Iterator[OpenAIFrontend]:
+    """This project's OpenAI frontend in front of ``server`` on a free port, ready; told
+    where the server's metrics are (its ports are free ones, not the defaults)."""
+    service = OpenAIFrontend.on_free_port(
+        server.grpc_url,
+        log_path=log_path,
+        extra_args=[f"--triton-metrics={server.metrics_url}"],
+    )
     service.start()
     try:
         service.wait_ready()
@@ -345,7 +350,7 @@ def own_server_frontend(label: str) -> Any:
         server: TritonServer, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[OpenAIFrontend]:
         log = tmp_path_factory.mktemp(f"{label}-openai") / "openai.log"
-        with openai_frontend(server.grpc_url, log) as service:
+        with openai_frontend(server, log) as service:
             yield service
 
     return frontend

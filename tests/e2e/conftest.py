@@ -12,5 +12,5 @@ from tritonforge.launch.launcher import TritonServer
 def frontend(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory):
     """This project's OpenAI frontend in front of the session's server, on a free port."""
     log = tmp_path_factory.mktemp("openai") / "openai.log"
-    with openai_frontend(triton_server.grpc_url, log) as service:
+    with openai_frontend(triton_server, log) as service:
         yield service

@@ -8,7 +8,6 @@ never its words.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -28,26 +27,6 @@ from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 MODEL = "vllm_model"
 ENGINES = ("vllm_model", "llamacpp_model")
 SHORT = {"max_tokens": 2, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def frontend(
-    triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OpenAIFrontend]:
-    """The shared ``frontend`` fixture's service, told where the session server's metrics
-    are (its ports are picked free: the default beside the gRPC port would miss them)."""
-    log = tmp_path_factory.mktemp("compat-openai") / "openai.log"
-    service = OpenAIFrontend.on_free_port(
-        triton_server.grpc_url,
-        log_path=log,
-        extra_args=[f"--triton-metrics={triton_server.metrics_url}"],
-    )
-    service.start()
-    try:
-        service.wait_ready()
-        yield service
-    finally:
-        service.stop()
 
 
 def _root(frontend: OpenAIFrontend) -> str:
