@@ -297,7 +297,7 @@ LONG_PROMPT = "word " * 2100
         ),
         (
             {"text_input": "hi", "parameters": {"temperature": -1}},
-            "parameters.temperature: must be >= 0",
+            "parameters.temperature: must be in [0, 2], got -1",
         ),
         ({"text_input": "hi", "parameters": {"top_p": 0}}, "parameters.top_p: must be in (0, 1]"),
         ({"text_input": "hi", "parameters": {"top_p": 1.5}}, "parameters.top_p: must be in (0, 1]"),
