@@ -151,17 +151,20 @@ class _Family:
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
     observed: ClassVar[dict[str, list[float]]] = {}
     buckets: ClassVar[dict[str, list[float]]] = {}
+    counted: ClassVar[dict[tuple[str, str], float]] = {}
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         self.name = name
 
     def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> Any:
-        name, observed = self.name, self.observed
+        name, observed, counted = self.name, self.observed, self.counted
+        key = (name, labels.get("le", ""))
         if buckets is not None:
             self.buckets[name] = buckets
 
         class _Metric:
-            def increment(self, value: float) -> None: ...
+            def increment(self, value: float) -> None:
+                counted[key] = counted.get(key, 0) + value
 
             def set(self, value: float) -> None: ...
 
@@ -172,14 +175,21 @@ class _Family:
 
 
 def test_metrics_observe_per_token_and_the_request_histograms() -> None:
-    _Family.observed, _Family.buckets = {}, {}
+    _Family.observed, _Family.buckets, _Family.counted = {}, {}, {}
     pb_utils = type("pb_utils", (), {"MetricFamily": _Family})
     metrics = TritonMetrics(pb_utils, "vllm", {"model": "m", "version": "1"})
     metrics.size_by_context(100)
     gaps = (0.01, 0.02, 0.03)
     metrics.record(RequestRecord(5, 4, 1.0, 0.1, 0.02, "finished", token_gaps_s=gaps, n=2))
-    seen = _Family.observed
-    assert seen["vllm:time_per_output_token_seconds"] == list(gaps)
+    seen, counted = _Family.observed, _Family.counted
+    # One sample per token, written as a histogram's cumulative counters.
+    tpot = "vllm:time_per_output_token_seconds"
+    assert counted[(f"{tpot}_count", "")] == 3
+    assert counted[(f"{tpot}_sum", "")] == pytest.approx(0.06)
+    assert counted[(f"{tpot}_bucket", "0.01")] == 1
+    assert counted[(f"{tpot}_bucket", "0.025")] == 2
+    assert counted[(f"{tpot}_bucket", "0.05")] == 3
+    assert counted[(f"{tpot}_bucket", "+Inf")] == 3
     assert seen["vllm:mean_time_per_output_token_seconds"] == [0.02]
     assert seen["vllm:request_prompt_tokens"] == [5]
     assert seen["vllm:request_generation_tokens"] == [4]
