@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 
+from tests.unit.engines.llamacpp_in_process import run, shipped_engine
 from tritonforge.engines.base import PreparedPrompt
-from tritonforge.engines.config import load_engine_config, resolve_path
 from tritonforge.engines.llamacpp import LlamaCppEngine
-from tritonforge.launch.launcher import MODEL_REPOSITORY
-from tritonforge.repo.paths import server_environment
 from tritonforge.serving.sampling import SamplingParams
 
 PROMPTS = [
@@ -35,18 +33,8 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
-    version_dir = MODEL_REPOSITORY / "llamacpp_model" / "1"
-    settings = load_engine_config(version_dir, "model.json")
-    path = resolve_path(settings["model_path"], version_dir, server_environment())
-    settings |= {"model_path": path, "batch_invariant": True, "n_parallel": 4}
-    settings.pop("chat_template", None)
-    engine = LlamaCppEngine.from_settings(settings)
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(engine.start())
-    engine.loop = loop  # type: ignore[attr-defined]
-    yield engine
-    loop.run_until_complete(engine.shutdown())
-    loop.close()
+    with shipped_engine(batch_invariant=True, n_parallel=4) as engine:
+        yield engine
 
 
 async def text(engine: LlamaCppEngine, prompt: str, request_id: str | None = None) -> str:
@@ -56,10 +44,6 @@ async def text(engine: LlamaCppEngine, prompt: str, request_id: str | None = Non
     async for output in engine.generate(request_id, PreparedPrompt(ids), GREEDY):
         parts.append(output.text)
     return "".join(parts)
-
-
-def run(engine: LlamaCppEngine, coroutine: Coroutine[Any, Any, T]) -> T:
-    return engine.loop.run_until_complete(coroutine)  # type: ignore[attr-defined]
 
 
 def test_greedy_text_is_the_same_alone_and_beside_others(engine: LlamaCppEngine) -> None:

@@ -3,19 +3,15 @@ n slots, each sequence samples on its own. The real GGUF in process, no server."
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.engines.test_llamacpp_batch_invariance import run
+from tests.unit.engines.llamacpp_in_process import run, shipped_engine
 from tritonforge.engines.base import EngineOutput, PreparedPrompt
-from tritonforge.engines.config import load_engine_config, resolve_path
 from tritonforge.engines.llamacpp import LlamaCppEngine
 from tritonforge.engines.llamacpp_slots import Slot, spare_slots
-from tritonforge.launch.launcher import MODEL_REPOSITORY
-from tritonforge.repo.paths import server_environment
 from tritonforge.serving.sampling import SamplingParams
 
 PROMPT = "The three primary colours are"
@@ -23,18 +19,8 @@ PROMPT = "The three primary colours are"
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
-    version_dir = MODEL_REPOSITORY / "llamacpp_model" / "1"
-    settings = load_engine_config(version_dir, "model.json")
-    path = resolve_path(settings["model_path"], version_dir, server_environment())
-    settings |= {"model_path": path, "n_parallel": 3}
-    settings.pop("chat_template", None)
-    engine = LlamaCppEngine.from_settings(settings)
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(engine.start())
-    engine.loop = loop  # type: ignore[attr-defined]
-    yield engine
-    loop.run_until_complete(engine.shutdown())
-    loop.close()
+    with shipped_engine(n_parallel=3) as engine:
+        yield engine
 
 
 async def outputs(engine: LlamaCppEngine, sampling: SamplingParams) -> list[EngineOutput]:
