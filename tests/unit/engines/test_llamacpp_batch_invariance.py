@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from typing import TypeVar
 
 import pytest
 
@@ -28,7 +27,6 @@ PROMPTS = [
     "List three uses of a paperclip:",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
