@@ -15,6 +15,7 @@ import sys
 import uvicorn
 
 from tritonforge.openai.app import DEFAULT_CHAT_MAX_TOKENS, create_app
+from tritonforge.openai.carry_over import DEFAULT_MAX_WAIT_S, DEFAULT_MAX_WAITING, CarryOverSettings
 from tritonforge.serving.tracing import ENDPOINT_ENV, SAMPLING_ENV, parse_sampling
 
 
@@ -59,6 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         help="max_tokens of a chat request that sends none, lowered to what fits the "
         f"model's context (default {DEFAULT_CHAT_MAX_TOKENS}; 0: the model's own default, 16)",
     )
+    parser.add_argument(
+        "--restart-wait",
+        type=float,
+        default=DEFAULT_MAX_WAIT_S,
+        help="seconds a request without timeout_s waits for a restarted tritonserver, from "
+        f"its arrival (default {DEFAULT_MAX_WAIT_S:g}; with timeout_s, that deadline)",
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=DEFAULT_MAX_WAITING,
+        help="requests that may wait for a restarted tritonserver at once; past it 503 "
+        f"with Retry-After (default {DEFAULT_MAX_WAITING})",
+    )
     parser.add_argument("--access-log", action="store_true", help="log each request's path")
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
@@ -75,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(default ${SAMPLING_ENV}, else 1)",
     )
     args = parser.parse_args(argv)
+    if args.restart_wait <= 0 or args.max_waiting < 1:
+        parser.error("--restart-wait must be > 0 and --max-waiting >= 1")
     # The flags win over the environment, which the tracer reads (as Triton's stubs do).
     if args.otlp_endpoint is not None:
         os.environ[ENDPOINT_ENV] = args.otlp_endpoint
@@ -86,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[SAMPLING_ENV] = args.trace_sampling
     _log_requests(args.log_level)
     metrics = args.triton_metrics or default_metrics_url(args.triton_grpc)
-    app = create_app(args.triton_grpc, args.default_max_tokens or None, triton_metrics=metrics)
+    carry = CarryOverSettings(max_waiting=args.max_waiting, max_wait_s=args.restart_wait)
+    app = create_app(
+        args.triton_grpc,
+        args.default_max_tokens or None,
+        triton_metrics=metrics,
+        carry_over_settings=carry,
+    )
     uvicorn.run(
         app,
         host=args.host,

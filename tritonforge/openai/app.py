@@ -15,10 +15,12 @@ watcher waits for ASGI's ``http.disconnect`` beside the work and cancels it.
 serves is ready (per model, not Triton's server-wide readiness); ``/metrics`` serves
 Triton's metrics on this port.
 
-While Triton is down (the launcher restarting it after a crash) every route answers
-503 with ``Retry-After``; a request in flight when it died ends with an error — a 503,
-or mid-stream an error event and ``[DONE]`` — never a hang (the gRPC call fails as the
-connection drops).
+While Triton is down (the launcher restarting it after a crash) a chat or completion
+request that has sent its client nothing yet — in flight when Triton died, or arriving
+during the outage — waits for its model on the restarted server and is sent again
+(carry_over.py: same request id, deadline counted from its arrival, a bounded number
+waiting); a stream that had sent tokens ends with an error event naming the restart and
+``[DONE]``, never replayed. The other routes answer 503 with ``Retry-After`` meanwhile.
 
 Nothing here logs prompts or generated text.
 """
@@ -41,16 +43,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tritonforge.heap import freeze_startup_heap
-from tritonforge.openai import embeddings, request_context, tools, translate
+from tritonforge.openai import carry_over, embeddings, request_context, tools, translate
 from tritonforge.openai.adapters import (
     AdapterCatalogue,
     LoadLoRAAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
+from tritonforge.openai.carry_over import CarryOver, CarryOverSettings, Clock
 from tritonforge.openai.chunks import TextChunks
 from tritonforge.openai.errors import (
     TRITON_DOWN_RETRY_AFTER_S,
     OpenAIError,
+    TritonDown,
     internal,
     invalid,
     model_not_found,
@@ -212,10 +216,16 @@ async def _collect(stream: TritonStream, output: ModelOutput) -> tuple[ModelOutp
 class OpenAIServer:
     """The routes' logic, bound to one Triton server."""
 
-    def __init__(self, gateway: TritonGateway, default_max_tokens: int | None) -> None:
+    def __init__(
+        self,
+        gateway: TritonGateway,
+        default_max_tokens: int | None,
+        carry: CarryOver | None = None,
+    ) -> None:
         self.gateway = gateway
         self.default_max_tokens = default_max_tokens
         self.adapters = AdapterCatalogue(gateway)
+        self.carry = carry or CarryOver(lambda model: gateway.model_ready(model))
 
     async def route(self, requested: str) -> tuple[str, str | None]:
         """The Triton model a body's ``model`` names, and the LoRA adapter if it names one.
@@ -251,6 +261,18 @@ class OpenAIServer:
                 stream.cancel()
                 raise
             return stream, first or ModelOutput(final=True)
+
+    async def open_carried(
+        self, model: str, request: TritonRequest, clock: Clock, resends: int = 0
+    ) -> tuple[TritonStream, ModelOutput]:
+        """:meth:`open`, sent again over a Triton restart (carry_over.py); ``resends``
+        > 0: this is already a resend (its deadline is what is left)."""
+
+        async def attempt(count: int) -> tuple[TritonStream, ModelOutput]:
+            self.carry.prepare_resend(request.sampling, model, clock, count)
+            return await self.open(model, request)
+
+        return await self.carry.run(model, clock, attempt, resends)
 
     async def complete(
         self, kind: str, body: ChatCompletionRequest | CompletionRequest, request: TritonRequest
@@ -333,6 +355,7 @@ class OpenAIServer:
         request: TritonRequest,
         stream: TritonStream,
         first: ModelOutput,
+        clock: Clock,
     ) -> AsyncIterator[bytes]:
         """The SSE events of a streamed answer of n > 1 choices: each chunk carries one
         choice's delta under its ``index``, as OpenAI streams them."""
@@ -375,7 +398,17 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                output = await anext(stream, None)
+                try:
+                    output = await anext(stream, None)
+                except TritonDown:
+                    if not carry_over.may_resend(sum(offsets.values())):
+                        raise
+                    stream.cancel()
+                    model = request.triton_model or body.model
+                    stream, output = await self.open_carried(model, request, clock, 1)
+                    usage = Usage()
+        except TritonDown:  # tokens went out: never replayed
+            yield _sse(carry_over.stream_restarted(usage.completion_tokens or 0).body())
         except OpenAIError as error:  # mid-stream: the status line went out already
             yield _sse(error.body())
         finally:
@@ -387,19 +420,28 @@ class OpenAIServer:
     async def tool_events(
         self,
         body: ChatCompletionRequest,
+        request: TritonRequest,
         plan: ToolPlan,
         stream: TritonStream,
         first: ModelOutput,
+        clock: Clock,
     ) -> AsyncIterator[bytes]:
         """A streamed answer that may call tools: read whole (a call is only known once
-        its tag closes), then sent as OpenAI streams calls, each chunk a typed one."""
+        its tag closes), then sent as OpenAI streams calls, each chunk a typed one. Until
+        then the client has only the role chunk: a Triton restart meanwhile resends it."""
         ids = ResponseIds(body.model, "chatcmpl")
         with_usage = bool(body.stream_options and body.stream_options.include_usage)
         role = ChoiceDelta(role="assistant", content="")
         yield _sse(translate.chat_chunk(ids, role, with_usage=with_usage))
         usage = Usage()
         try:
-            whole, reason, usage = await _collect(stream, first)
+            while True:
+                try:
+                    whole, reason, usage = await _collect(stream, first)
+                    break
+                except TritonDown:
+                    model = request.triton_model or body.model
+                    stream, first = await self.open_carried(model, request, clock, 1)
             content, calls = tools.parse(whole.text, plan)
             if calls:
                 chunks = translate.tool_call_chunks(
@@ -425,8 +467,12 @@ class OpenAIServer:
         request: TritonRequest,
         stream: TritonStream,
         first: ModelOutput,
+        clock: Clock,
     ) -> AsyncIterator[bytes]:
-        """The SSE events of a streamed answer, ending with ``data: [DONE]``."""
+        """The SSE events of a streamed answer, ending with ``data: [DONE]``.
+
+        Triton lost before a character went out: the request is sent again and its
+        answer streamed from its first token; after: the restart's error event."""
         chat = kind == "chat"
         ids = ResponseIds(body.model, "chatcmpl" if chat else "cmpl")
         with_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -468,7 +514,17 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                output = await anext(stream, None)
+                try:
+                    output = await anext(stream, None)
+                except TritonDown:
+                    if not carry_over.may_resend(offset):
+                        raise
+                    stream.cancel()
+                    model = request.triton_model or body.model
+                    stream, output = await self.open_carried(model, request, clock, 1)
+                    usage = Usage()
+        except TritonDown:  # tokens went out: never replayed
+            yield _sse(carry_over.stream_restarted(usage.completion_tokens or 0).body())
         except OpenAIError as error:  # mid-stream: the status line went out already
             yield _sse(error.body())
         finally:
@@ -514,27 +570,33 @@ class OpenAIServer:
         )
 
     async def generate(self, http: Request, kind: str) -> Response:
+        arrived = time.monotonic()
         body, request = await self.parse(http, kind)
+        clock = Clock(carry_over.timeout_of(request.sampling), arrived)
+        model = request.triton_model or body.model
         several = (body.n or 1) > 1
         try:
             if not body.stream:
-                if several:
-                    work = self.complete_choices(kind, body, request)
-                else:
-                    work = self.complete(kind, body, request)
+                answer_of = self.complete_choices if several else self.complete
+
+                async def attempt(resends: int) -> ChatCompletion | Completion:
+                    self.carry.prepare_resend(request.sampling, model, clock, resends)
+                    return await answer_of(kind, body, request)
+
+                work = self.carry.run(model, clock, attempt)
                 answer = await until_disconnected(http.receive, work)
                 return _json(answer)
-            opening = self.open(request.triton_model or body.model, request)
+            opening = self.open_carried(model, request, clock)
             stream, first = await until_disconnected(http.receive, opening)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the request was cancelled
         events: AsyncIterator[bytes]
         if several:
-            events = self.choice_events(kind, body, request, stream, first)
+            events = self.choice_events(kind, body, request, stream, first, clock)
         elif isinstance(body, ChatCompletionRequest) and request.tools is not None:
-            events = self.tool_events(body, request.tools, stream, first)
+            events = self.tool_events(body, request, request.tools, stream, first, clock)
         else:
-            events = self.events(kind, body, request, stream, first)
+            events = self.events(kind, body, request, stream, first, clock)
         return SSEResponse(events, stream.cancel)
 
 
@@ -578,14 +640,17 @@ def create_app(
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     gateway: TritonGateway | None = None,
     triton_metrics: str | None = None,
+    carry_over_settings: CarryOverSettings | None = None,
 ) -> FastAPI:
     """The FastAPI app serving Triton at ``triton_grpc`` (HOST:PORT) the OpenAI way.
 
     ``gateway`` replaces the gRPC side (unit tests drive the routes with a fake one).
     ``triton_metrics`` is Triton's metrics URL, served again on ``/metrics``.
+    ``carry_over_settings`` bound waiting for a restarted Triton (carry_over.py).
     """
     gateway = gateway or TritonGateway(triton_grpc)
-    server = OpenAIServer(gateway, default_max_tokens)
+    carry = CarryOver(lambda model: gateway.model_ready(model), carry_over_settings)
+    server = OpenAIServer(gateway, default_max_tokens, carry)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

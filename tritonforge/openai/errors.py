@@ -113,10 +113,18 @@ def unavailable(message: str, retry_after_s: int = BUSY_RETRY_AFTER_S) -> OpenAI
     return OpenAIError(503, message, "server_error", None, "service_unavailable", retry_after_s)
 
 
-def unreachable(url: str, detail: str = "") -> OpenAIError:
+class TritonDown(OpenAIError):
+    """Triton itself does not answer: its connection failed (down, or restarting after a
+    crash). The request never reached a model that could answer it, so a request that
+    has sent its client nothing may be sent again once Triton is back (carry_over.py)."""
+
+
+def unreachable(url: str, detail: str = "") -> TritonDown:
     """503 while Triton at ``url`` does not answer (down, or restarting after a crash)."""
     message = f"Triton at {url} is not reachable" + (f": {detail}" if detail else "")
-    return unavailable(message, TRITON_DOWN_RETRY_AFTER_S)
+    return TritonDown(
+        503, message, "server_error", None, "service_unavailable", TRITON_DOWN_RETRY_AFTER_S
+    )
 
 
 def internal(message: str) -> OpenAIError:

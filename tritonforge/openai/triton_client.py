@@ -17,7 +17,9 @@ The frontend outlives a Triton restart (the launcher restarts a crashed server):
 channel reconnects by itself, and its reconnect backoff is capped at a few seconds, so
 the first request after Triton is back is served rather than failed for up to gRPC's
 default two minutes of backoff. While Triton is down, a call fails at once with
-UNAVAILABLE (no wait-for-ready): the client gets a 503 it can retry.
+UNAVAILABLE (no wait-for-ready), as :class:`~tritonforge.openai.errors.TritonDown`:
+carry_over.py decides whether its request waits for the restarted server or the client
+gets a 503 it can retry.
 """
 
 from __future__ import annotations
@@ -291,6 +293,13 @@ class TritonGateway:
     async def server_ready(self) -> bool:
         try:
             return bool(await self.client.is_server_ready(client_timeout=5))
+        except (InferenceServerException, grpc.aio.AioRpcError):
+            return False
+
+    async def model_ready(self, model: str) -> bool:
+        """Whether ``model`` is ready to serve; False while Triton does not answer."""
+        try:
+            return bool(await self.client.is_model_ready(model, client_timeout=5))
         except (InferenceServerException, grpc.aio.AioRpcError):
             return False
 
