@@ -56,6 +56,10 @@ class Outcome:
     hung: bool = False
     ended_at: float = 0.0  # time.monotonic() when it ended
     finish_reason: str = ""  # when asked for (return_finish_reason)
+    #: time.monotonic() when the first part of the answer reached the client (None: none).
+    first_at: float | None = None
+    #: The client got a second answer, or a second beginning or end of one (a replay).
+    duplicated: bool = False
 
 
 def bytes_raw(value: str | bytes) -> bytes:

@@ -13,8 +13,15 @@ What must hold: every request ends — answered or errored, or cancelled by its 
 within its deadline (none hung, none lost); the server serves again with no operator
 action, within the cold start of the same models + 30 s; the launcher and the OpenAI
 frontend are the same processes throughout and their RSS is flat; nothing is left
-running after the launcher's stop. The foreign CPU share (:mod:`tritonforge.bench.noise`)
-says how much of the shared machine other work took meanwhile.
+running after the launcher's stop. Over the OpenAI API (:func:`carried_over`): of the
+requests in flight at the kill that had sent their client nothing yet, at least 99 %
+are answered after the restart; no client gets anything twice; the frontend's only
+errors from the kill on are a passed deadline, its waiting room's limit and the restart
+event of a stream that had sent tokens. Triton's own ports die with the server: their
+requests in flight end with an error, counted by kind. The storm's crashes besides its
+own kill (stub aborts, tritonserver crashes) come from the launcher's restart counter.
+The foreign CPU share (:mod:`tritonforge.bench.noise`) says how much of the shared
+machine other work took meanwhile.
 
 The run writes ``perf/results/reliability/<UTC time>/storm.json`` and ``README.md``.
 """
@@ -52,7 +59,8 @@ from tritonforge.bench.reliability.crash_recovery import (
 )
 from tritonforge.bench.reliability.models import ENSEMBLE, LLM
 from tritonforge.bench.reliability.probes import command_line, shutdown_log, tree_rss
-from tritonforge.bench.reliability.storm_requests import Ended, draw, one_request
+from tritonforge.bench.reliability.storm_requests import OPENAI_KINDS, Ended, draw, one_request
+from tritonforge.launch.supervisor import STUB_DIED
 from tritonforge.openai.triton_client import CHANNEL_ARGS
 from tritonforge.paths import machine_free
 
@@ -72,6 +80,9 @@ class StormSettings:
     warmup_s: float = 60.0  # the RSS baseline is taken after this
     rss_limit_pct: float = 5.0
     seed: int = 0
+    #: Of the OpenAI requests that had sent nothing at the kill, the share that must be
+    #: answered after the restart.
+    carried_target: float = 0.99
 
 
 @dataclass
@@ -299,6 +310,60 @@ def counts(state: StormState) -> dict[str, Any]:
     }
 
 
+#: What the OpenAI frontend may answer from the kill on (its error messages,
+#: tritonforge/openai/carry_over.py): a deadline that passed while the request waited, its
+#: waiting room full, and a stream that had sent tokens ended by the restart.
+ALLOWED_RESTART_ERRORS = {
+    "deadline passed": "tritonserver restarted (it stopped",
+    "waiting room full": "Triton is restarting and",
+    "started stream ended": "tritonserver restarted after this stream",
+}
+
+
+def restart_error(kind: str) -> str | None:
+    """Which allowed restart error an error kind is (None: another error)."""
+    return next((name for name, words in ALLOWED_RESTART_ERRORS.items() if words in kind), None)
+
+
+def carried_over(state: StormState) -> dict[str, Any]:
+    """The OpenAI API across the kill: how the well-formed requests in flight at the kill
+    ended — those whose client had nothing yet (to be carried over) apart from streams
+    that had sent tokens —, answers given twice, and the errors from the kill on that
+    are not a passed deadline, the waiting room's limit or a started stream's end."""
+    killed_at = state.kill.get("killed_at")
+    openai = [r for r in state.records if r.kind in OPENAI_KINDS and r.malformed is None]
+    if killed_at is None:
+        return {"killed": False, "duplicated": sum(r.duplicated for r in openai)}
+    in_flight = [r for r in openai if r.started < killed_at < r.ended]
+    nothing_yet = [r for r in in_flight if r.first_at is None or r.first_at > killed_at]
+    started = [r for r in in_flight if r not in nothing_yet]
+    judged = [r for r in nothing_yet if r.state != "cancelled"]  # the client's own cancel
+    answered = sum(r.state == "answered" for r in judged)
+    after_kill = [r for r in openai if r.ended > killed_at and r.state == "errored"]
+    other = Counter(r.error_kind for r in after_kill if restart_error(r.error_kind) is None)
+    allowed = Counter(name for r in after_kill if (name := restart_error(r.error_kind)) is not None)
+    return {
+        "killed": True,
+        "in_flight_at_kill": len(in_flight),
+        "nothing_sent_at_kill": {
+            "count": len(nothing_yet),
+            "by_kind": dict(Counter(r.kind for r in nothing_yet)),
+            "by_state": dict(Counter(r.state for r in nothing_yet)),
+            "errors": dict(Counter(r.error_kind for r in judged if r.state == "errored")),
+            "answered_share": round(answered / len(judged), 4) if judged else None,
+        },
+        "streams_started_at_kill": {
+            "count": len(started),
+            "by_state": dict(Counter(r.state for r in started)),
+            "ended_by_the_restart_event": sum(
+                restart_error(r.error_kind) == "started stream ended" for r in started
+            ),
+        },
+        "duplicated": sum(r.duplicated for r in openai),
+        "errors_from_the_kill_on": {"allowed": dict(allowed), "other": dict(other)},
+    }
+
+
 def rss_figures(state: StormState) -> dict[str, Any]:
     """Each surviving process's RSS after the warm-up and at the end of the load, and
     its growth; tritonserver's group for the record (it is the process that dies)."""
@@ -371,6 +436,21 @@ def verdict(figures: dict[str, Any], s: StormSettings) -> list[str]:
             failures.append(f"{name} RSS grew {growth} % after the warm-up")
     if figures["left_after_stop"]:
         failures.append(f"left running after the stop: {figures['left_after_stop'][:5]}")
+    carried = figures.get("carried_over")
+    if carried is not None and carried.get("killed"):
+        share = carried["nothing_sent_at_kill"]["answered_share"]
+        if share is None:
+            failures.append("no OpenAI request was in flight with nothing sent at the kill")
+        elif share < s.carried_target:
+            failures.append(
+                f"{share:.1%} of the OpenAI requests that had sent nothing at the kill were "
+                f"answered after the restart (target {s.carried_target:.0%})"
+            )
+        if carried["duplicated"]:
+            failures.append(f"{carried['duplicated']} OpenAI answer(s) given twice")
+        other = carried["errors_from_the_kill_on"]["other"]
+        if other:
+            failures.append(f"OpenAI errors from the kill on besides the restart's: {other}")
     return failures
 
 
@@ -383,6 +463,26 @@ def _folded(lines: list[str], marker: str, whole: bool = False) -> dict[str, int
             start = line.find("] ") + 2 if whole else line.index(marker)
             found[re.sub(r"[0-9]+", "N", machine_free(line[start:]))[:200]] += 1
     return dict(found.most_common(10))
+
+
+#: What a crashing model stub leaves in the server's log (glibc's and CPython's aborts).
+ABORT_MARKERS = ("corrupted", "double free", "free(): ", "Fatal Python error", "Aborted")
+
+
+def crashes(restarts_at_end: dict[str, float], killed: bool, abort_lines: int) -> dict[str, Any]:
+    """The crashes of the whole storm besides its own SIGKILL, from the launcher's restart
+    counter at the end: a model stub's death (the launcher ends the server for it) and
+    tritonserver's own exits; with the log's abort lines for the record."""
+    causes = {k: int(v) for k, v in restarts_at_end.items() if v}
+    if killed and causes.get("SIGKILL"):
+        causes["SIGKILL"] -= 1  # the storm's own
+    causes = {k: v for k, v in causes.items() if v}
+    return {
+        "stub_aborts": causes.get(STUB_DIED, 0),
+        "tritonserver_crashes": sum(v for k, v in causes.items() if k != STUB_DIED),
+        "restarts_by_cause_besides_the_kill": causes,
+        "abort_lines_in_log": abort_lines,
+    }
 
 
 def logs(log_dir: Path) -> dict[str, Any]:
@@ -403,6 +503,7 @@ def logs(log_dir: Path) -> dict[str, Any]:
     return {
         "launcher_lines": [machine_free(x) for x in lines if x.startswith("tritonforge:")],
         "non_graceful_terminations": sum("Non-graceful termination detected" in x for x in lines),
+        "abort_lines": sum(any(m in x for m in ABORT_MARKERS) for x in lines),
         "response_thread_errors": _folded(lines, "[tritonforge] response thread:"),
         "in_flight_at_shutdown": _folded(lines, "in-flight inferences", whole=True),
         "server_after_sigterm": [machine_free(x) for x in shutdown],
@@ -431,17 +532,23 @@ def measure(settings: StormSettings, log_dir: Path) -> dict[str, Any]:
             "launcher": launcher.process.poll() is None,  # type: ignore[union-attr]
             "frontend": launcher.frontend().pid == frontend.pid,
         }
+        figures["restarts_at_end"] = _restarts(launcher)
     finally:
         processes = everything(launcher)
         figures["launcher_exit_code"] = launcher.stop(timeout_s=120.0)
     figures["left_after_stop"] = left_running(processes)
     figures["loaded_models"] = models
     figures["counts"] = counts(state)
+    figures["carried_over"] = carried_over(state)
     figures["kill"] = {k: v for k, v in state.kill.items() if k != "killed_at"}
     figures["kill"]["first_answer_after_kill_s"] = first_answers(state)
     figures["rss"] = rss_figures(state)
     figures["rss_samples"] = state.rss
-    return figures | {"logs": logs(log_dir)}
+    found = logs(log_dir)
+    figures["crashes"] = crashes(
+        figures.get("restarts_at_end", {}), "recovery" in state.kill, found["abort_lines"]
+    )
+    return figures | {"logs": found}
 
 
 def _mib(value: Any) -> str:
@@ -456,6 +563,38 @@ _RSS_NAMES = {
     "tritonserver_group": "tritonserver's group (for the record: the killed server at the "
     "start, the restarted one at the end)"
 }
+
+
+def _carried_lines(carried: dict[str, Any] | None) -> list[str]:
+    """The OpenAI API across the kill, for the summary."""
+    if not carried or not carried.get("killed"):
+        return []
+    nothing, started = carried["nothing_sent_at_kill"], carried["streams_started_at_kill"]
+    share = nothing["answered_share"]
+    errors = carried["errors_from_the_kill_on"]
+    return [
+        f"- OpenAI requests in flight at the kill: {carried['in_flight_at_kill']}; of the "
+        f"{nothing['count']} that had sent their client nothing yet ({nothing['by_kind']}): "
+        f"{nothing['by_state']}, **answered after the restart: "
+        f"{'–' if share is None else f'{share:.1%}'}** (the client's own cancels left out; "
+        f"errors: {nothing['errors'] or 'none'})",
+        f"- OpenAI streams that had sent tokens at the kill: {started['count']} "
+        f"({started['by_state']}), {started['ended_by_the_restart_event']} ended by the "
+        f"restart's error event; **answers given twice: {carried['duplicated']}**",
+        f"- OpenAI errors from the kill on: the restart's own {errors['allowed'] or 'none'}; "
+        f"**any other: {errors['other'] or 'none'}**",
+    ]
+
+
+def _crash_lines(found: dict[str, Any] | None) -> list[str]:
+    if not found:
+        return []
+    return [
+        f"- crashes besides the storm's SIGKILL (the launcher's restart counter at the end): "
+        f"**stub aborts {found['stub_aborts']}, tritonserver crashes "
+        f"{found['tritonserver_crashes']}** ({found['restarts_by_cause_besides_the_kill']}); "
+        f"abort lines in the log: {found['abort_lines_in_log']}"
+    ]
 
 
 def _summary(result: dict[str, Any]) -> list[str]:
@@ -481,7 +620,10 @@ def _summary(result: dict[str, Any]) -> list[str]:
         f"{recovery.get('seconds')}; the storm's first request sent after the kill "
         f"answered after (s): {kill.get('first_answer_after_kill_s')}; unloaded cold start "
         f"per path (s, from the launcher's start): {f['cold_start']['seconds']}",
-        f"- OpenAI answers while Triton was down: {recovery.get('openai_statuses')}",
+        f"- OpenAI answers to the recovery probe while Triton was down: "
+        f"{recovery.get('openai_statuses')}",
+        *_carried_lines(f.get("carried_over")),
+        *_crash_lines(f.get("crashes")),
         f"- launcher's restart counter: {kill.get('restarts_by_cause')}; same launcher and "
         f"frontend processes: {f['same_process']}",
         *(

@@ -10,7 +10,9 @@ request from a slow one.
 
 How it ended is one :class:`Ended`: answered, errored (with a short kind of error, so
 errors can be counted by kind without keeping their texts), cancelled by the client, or
-hung (no end within the client's bound).
+hung (no end within the client's bound). An OpenAI request also records when the first
+part of its answer arrived — what tells a request that had sent nothing at the kill from
+a started stream — and whether its client got anything twice (a replayed answer).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Ended:
     ended: float
     error_kind: str = ""  # errored: a short kind (no prompt or output text)
     malformed: str | None = None
+    first_at: float | None = None  # the first part of its answer arrived (OpenAI API)
+    duplicated: bool = False  # its client got an answer, or its start or end, twice
 
     @property
     def seconds(self) -> float:
@@ -167,25 +171,50 @@ def _message(error: Any) -> str:
     return json.dumps(error)[:300]
 
 
+def _choice_marks(event: dict[str, Any]) -> tuple[int, int]:
+    """A stream chunk's beginnings (a ``role`` delta, chat) and ends (a finish reason)."""
+    starts = ends = 0
+    for choice in event.get("choices") or []:
+        starts += bool((choice.get("delta") or {}).get("role"))
+        ends += choice.get("finish_reason") is not None
+    return starts, ends
+
+
 async def _read_openai(reply: aiohttp.ClientResponse, stream: bool, outcome: Outcome) -> None:
-    """An OpenAI answer: one JSON body, or SSE events until ``[DONE]``."""
+    """An OpenAI answer: one JSON body, or SSE events until ``[DONE]`` — read to the end
+    of the body, so an event after ``[DONE]`` (a second answer) would be seen."""
     if reply.status != 200 or not stream:
         answer = await reply.json(content_type=None)
         error = answer.get("error") if isinstance(answer, dict) else None
         if reply.status != 200 or error:
             outcome.error = f"HTTP {reply.status}: {_message(error or answer)}"
+        else:
+            outcome.first_at = time.monotonic()
+            outcome.duplicated = len(answer.get("choices") or []) != 1
         outcome.responses = 1
         return
+    starts = ends = 0
+    done = False
     async for line in reply.content:
         if not line.startswith(b"data: "):
             continue
+        if done:
+            outcome.duplicated = True  # anything after [DONE]
         if line.strip() == b"data: [DONE]":
-            return
+            done = True
+            continue
         event = json.loads(line[6:])
         outcome.responses += 1
         if "error" in event:
             outcome.error = f"HTTP 200: stream error {_message(event['error'])}"
-    outcome.error = outcome.error or "the stream ended without [DONE]"
+            continue
+        if outcome.first_at is None:
+            outcome.first_at = time.monotonic()
+        began, ended = _choice_marks(event)
+        starts, ends = starts + began, ends + ended
+    outcome.duplicated = outcome.duplicated or starts > 1 or ends > 1
+    if not done:
+        outcome.error = outcome.error or "the stream ended without [DONE]"
 
 
 async def openai_request(
@@ -266,7 +295,17 @@ async def bounded(d: Draw, work: Awaitable[Outcome]) -> Ended:
         )
     state = "hung" if outcome.hung else "answered" if outcome.ok else "errored"
     kind = error_kind(outcome.error or "", d) if state != "answered" else ""
-    return Ended(d.kind, d.model, state, started, time.monotonic(), kind, d.malformed)
+    return Ended(
+        d.kind,
+        d.model,
+        state,
+        started,
+        time.monotonic(),
+        kind,
+        d.malformed,
+        outcome.first_at,
+        outcome.duplicated,
+    )
 
 
 async def one_request(
