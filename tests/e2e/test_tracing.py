@@ -1,10 +1,11 @@
 """Tracing end to end: one request id and one trace from the client to the engine.
 
-A real OTLP/HTTP receiver (a small HTTP server decoding ``ExportTraceServiceRequest``
-with opentelemetry-proto) takes the spans of a tritonserver of this module's own —
-``synthetic_model`` and ``guarded_chat`` guarding it, ready in seconds — with Triton's
-own OpenTelemetry trace on, and of the OpenAI frontend in front of it, both with
-tracing configured as a user would (the environment, and Triton's ``--trace-config``).
+A real OTLP/HTTP receiver (:mod:`tritonforge.trace.receiver`: an HTTP server decoding
+``ExportTraceServiceRequest`` with opentelemetry-proto) takes the spans of a tritonserver
+of this module's own — ``synthetic_model`` and ``guarded_chat`` guarding it, ready in
+seconds — with Triton's own OpenTelemetry trace on, and of the OpenAI frontend in front
+of it, both with tracing configured as a user would (the environment, and Triton's
+``--trace-config``).
 The session's server is left alone: its tracing is off.
 """
 
@@ -15,11 +16,9 @@ import queue
 import shutil
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,8 @@ import tritonclient.grpc as grpcclient
 from tests.e2e.client import llm_inputs, wait_for
 from tritonforge.launch.launcher import MODEL_REPOSITORY, OpenAIFrontend, TritonServer
 from tritonforge.serving.tracing import ENDPOINT_ENV
-from tritonforge.trace.otlp import SpanRecord, decode, otlp_json, spans_of
+from tritonforge.trace.otlp import SpanRecord
+from tritonforge.trace.receiver import Receiver
 
 MODEL = "synthetic_model"
 GUARDED = "guarded_chat"
@@ -39,41 +39,6 @@ CLIENT_SPAN = "b7ad6b7169203331"
 FRONTEND = "tritonforge-openai"
 RUNTIME = "tritonforge-runtime"
 TRITON = "triton-inference-server"
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint on 127.0.0.1: keeps every span, and writes every
-    export request to ``file`` as OTLP JSON (what ``python -m tritonforge.trace`` reads)."""
-
-    def __init__(self, file: Path) -> None:
-        self.file = file
-        self.spans: list[SpanRecord] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                export = otlp_json(decode(body, self.headers.get("Content-Type", "")))
-                with receiver.lock:
-                    receiver.spans.extend(spans_of(export))
-                    with receiver.file.open("a") as out:
-                        out.write(json.dumps(export) + "\n")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def trace(self, trace_id: str) -> list[SpanRecord]:
-        with self.lock:
-            return [span for span in self.spans if span.trace_id == trace_id]
 
 
 def triton_trace_args(url: str) -> list[str]:
@@ -134,7 +99,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     finally:
         frontend.stop()
         server.stop()
-        receiver.server.shutdown()
+        receiver.close()
 
 
 def unlinked(spans: list[SpanRecord]) -> list[str]:
