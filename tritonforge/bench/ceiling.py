@@ -9,12 +9,19 @@ synthetic engine — and ensembles re-pointed at them) plus Triton's own Python 
 Every target is one model over one protocol, driven by the lean asyncio clients of
 :mod:`tritonforge.bench.stream_clients` as a closed loop at each concurrency level.
 
+A contract may set up several servers (``servers``: each its own environment and
+tritonserver arguments — settings a process reads at its start, such as tracing); each
+target names the one it runs on, all are up for the whole run, and ``${OTLP_RECEIVER}``
+in a server's environment starts an OTLP receiver for the run that counts the spans.
+
 Per level and round the run records what arrived (tokens/s, tokens per response), the
 CPU seconds each server process spent per token (tritonserver, each model's stub, the
 frontend; psutil CPU times before and after the level) and the client's own, TTFT and
 ITL p50/p99, and the foreign CPU share (:mod:`tritonforge.bench.noise`). Levels run in
 interleaved rounds: every target at a level once per round, the targets' order rotated.
-Results go to ``perf/results/<name>/<UTC timestamp>/`` (``results.json``, ``report.md``).
+``comparisons`` bound one target's server CPU per token by a baseline's, judged round by
+round (met, missed, inconclusive). Results go to ``perf/results/<name>/<UTC timestamp>/``
+(``results.json``, ``report.md``).
 """
 
 from __future__ import annotations
@@ -23,13 +30,17 @@ import asyncio
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import psutil
+import requests
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -49,11 +60,19 @@ from tritonforge.bench.environment import (
 )
 from tritonforge.bench.metrics import percentile
 from tritonforge.bench.noise import RoundWatch, is_noisy
+from tritonforge.bench.results import judge
 from tritonforge.bench.run_plan import rotated
 from tritonforge.bench.stream_clients import StreamRecord, make_client
-from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
+from tritonforge.launch.launcher import (
+    OpenAIFrontend,
+    TritonServer,
+    free_port,
+    stop_session,
+    wait_until_ready,
+)
 from tritonforge.launch.model_store import models_dir
 from tritonforge.paths import REPO_ROOT, make_machine_free, new_run_dir
+from tritonforge.trace.receiver import COUNT_PATH, TRACES_PATH
 
 RESULTS_ROOT = REPO_ROOT / "perf" / "results"
 
@@ -71,10 +90,37 @@ class ServedModel(Strict):
     )
 
 
+#: In a server's ``env``, the traces URL of the OTLP receiver the run starts for it.
+RECEIVER_URL = "${OTLP_RECEIVER}"
+DEFAULT_SERVER = "default"
+
+
+class ServerSetup(Strict):
+    """One tritonserver of the run (and its OpenAI frontend, if a target of it needs one).
+
+    Every server serves the same repository; they differ only in what is set here —
+    settings a process reads once, at its start (tracing), so a variant of them needs a
+    server of its own. All are up for the whole run, so their targets interleave.
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="set in the environment of the server, its stubs and its frontend; "
+        f"{RECEIVER_URL} in a value is the traces URL of an OTLP/HTTP receiver the run "
+        "starts in a process of its own (it counts spans and drops them)",
+    )
+    triton_args: list[str] = Field(
+        default_factory=list,
+        description="more tritonserver arguments (e.g. Triton's own --trace-config)",
+    )
+
+
 class CeilingTarget(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     model: str
     protocol: Literal["grpc", "http", "openai_chat", "openai_completions"]
+    server: str = Field(default=DEFAULT_SERVER, description="the `servers` entry it runs on")
     concurrency: list[int] | None = Field(
         default=None,
         description="runs only at those of the load's levels listed here (a paced engine's "
@@ -96,6 +142,24 @@ class CeilingLoad(RoundsLoad):
         default=60, gt=0, description="a request still streaming after this is an error"
     )
     quiet_window_s: float = Field(default=1.0, ge=0)
+    settle_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the CPU window stays open this long after a level's last request, so "
+        "work its requests leave behind (spans leaving in batches) is charged to them",
+    )
+
+
+class CeilingComparison(Strict):
+    """A target's server CPU per token over a baseline's, paired round by round at one
+    level, judged like every comparison of the bench (:func:`results.judge`)."""
+
+    target: str
+    baseline: str
+    concurrency: int = Field(ge=1)
+    max_server_cpu_ratio: float = Field(
+        gt=0, description="met when the ratio is at most this in every round"
+    )
 
 
 class CeilingContract(ContractHead):
@@ -103,18 +167,46 @@ class CeilingContract(ContractHead):
         description="marks the contract for this runner: `run` and `validate` dispatch on it"
     )
     models: list[ServedModel] = Field(min_length=1)
+    servers: list[ServerSetup] = Field(
+        default_factory=lambda: [ServerSetup(name=DEFAULT_SERVER)],
+        min_length=1,
+        description="the run's tritonservers (default: one, set up as `make serve` does)",
+    )
     targets: list[CeilingTarget] = Field(min_length=1)
     baseline: str = Field(description="the target every other is compared with (the floor)")
+    comparisons: list[CeilingComparison] = Field(
+        default_factory=list, description="server CPU per token bounds, judged per round"
+    )
     load: CeilingLoad
 
     @model_validator(mode="after")
     def _consistent(self) -> CeilingContract:
         served = {m.name for m in self.models}
+        servers = [s.name for s in self.servers]
+        if len(set(servers)) < len(servers):
+            raise ValueError(f"servers: names repeat ({', '.join(servers)})")
         for target in self.targets:
             if target.model not in served:
                 raise ValueError(f"target {target.name}: model {target.model!r} is not in models")
-        if self.baseline not in {t.name for t in self.targets}:
+            if target.server not in servers:
+                raise ValueError(
+                    f"target {target.name}: server {target.server!r} is not in servers"
+                )
+        idle = set(servers) - {t.server for t in self.targets}
+        if idle:
+            raise ValueError(f"servers: {', '.join(sorted(idle))} serve no target")
+        names = {t.name for t in self.targets}
+        if self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not a target")
+        for index, comparison in enumerate(self.comparisons):
+            for side in (comparison.target, comparison.baseline):
+                if side not in names:
+                    raise ValueError(f"comparisons.{index}: {side!r} is not a target")
+            if comparison.concurrency not in self.load.concurrency:
+                raise ValueError(
+                    f"comparisons.{index}: concurrency {comparison.concurrency} is not a "
+                    "level of the load"
+                )
         return self
 
 
@@ -299,22 +391,37 @@ class Endpoints(BaseModel):
         return self.grpc if protocol == "grpc" else self.http
 
 
+@dataclass
+class Served:
+    """One server of the run, up: where its targets send requests, and the processes
+    whose CPU their levels are charged with."""
+
+    endpoints: Endpoints
+    roles: dict[str, list[psutil.Process]]
+
+
 def measure(
     target: CeilingTarget,
-    endpoints: Endpoints,
-    roles: dict[str, list[psutil.Process]],
+    served: Served,
     load: CeilingLoad,
     concurrency: int,
+    spans: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
-    """One target at one level: the requests, the CPU deltas and the foreign share."""
+    """One target at one level: the requests, the CPU deltas and the foreign share
+    (and, with a span receiver, the spans it received over the level and its settling)."""
     count = load.count_for(concurrency)
-    url = endpoints.url(target.protocol)
+    url = served.endpoints.url(target.protocol)
+    roles = served.roles
+    spans_before = spans() if spans is not None else 0
     with RoundWatch(quiet_window_s=load.quiet_window_s) as watch:
         before = cpu_seconds(roles)
         records = asyncio.run(drive(target.protocol, url, target.model, load, concurrency, count))
+        time.sleep(load.settle_s)
         after = cpu_seconds(roles)
     cpu = {role: after[role] - before.get(role, 0.0) for role in after}
     result = summarize(records, cpu)
+    if spans is not None:
+        result["spans"] = spans() - spans_before
     assert watch.sample is not None
     result["noise"] = watch.sample.model_dump()
     result["noisy"] = is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share)
@@ -325,22 +432,30 @@ def measure(
 
 
 def run_rounds(
-    contract: CeilingContract, endpoints: Endpoints, roles: dict[str, list[psutil.Process]]
+    contract: CeilingContract,
+    servers: dict[str, Served],
+    spans: Callable[[], int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every level: each round runs every target once, the targets' order rotated."""
     load, rows = contract.load, []
     for target in contract.targets:  # warm-up: every path once before measuring
         if load.warmup_requests:
-            url = endpoints.url(target.protocol)
+            url = servers[target.server].endpoints.url(target.protocol)
             asyncio.run(drive(target.protocol, url, target.model, load, 1, load.warmup_requests))
+    time.sleep(load.settle_s)  # what the warm-up left behind is charged to no measurement
     for concurrency in load.concurrency:
         for round_index in range(load.rounds):
             for target in rotated(contract.targets, round_index):
                 if not target.runs_at(concurrency):
                     continue
-                result = measure(target, endpoints, roles, load, concurrency)
+                result = measure(target, servers[target.server], load, concurrency, spans)
                 rows.append(
-                    {"target": target.name, "concurrency": concurrency, "round": round_index}
+                    {
+                        "target": target.name,
+                        "server": target.server,
+                        "concurrency": concurrency,
+                        "round": round_index,
+                    }
                     | result
                 )
                 print(
@@ -351,6 +466,38 @@ def run_rounds(
                     flush=True,
                 )
     return rows
+
+
+def verdicts(contract: CeilingContract, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each comparison's per-round ratios and verdict: met, missed or inconclusive
+    (:func:`judge`); no verdict when a paired measurement was noisy."""
+    out = []
+    for comparison in contract.comparisons:
+        at = {
+            (row["target"], row["round"]): row
+            for row in rows
+            if row["concurrency"] == comparison.concurrency
+        }
+        cpu, speed, noisy = [], [], False
+        for (name, round_index), row in sorted(at.items(), key=lambda item: item[0][1]):
+            base = at.get((comparison.baseline, round_index))
+            if name != comparison.target or base is None:
+                continue
+            if row["server_cpu_us_per_token"] and base["server_cpu_us_per_token"]:
+                cpu.append(row["server_cpu_us_per_token"] / base["server_cpu_us_per_token"])
+            if base["tokens_per_s"]:
+                speed.append(row["tokens_per_s"] / base["tokens_per_s"])
+            noisy = noisy or row["noisy"] or base["noisy"]
+        threshold = comparison.max_server_cpu_ratio
+        out.append(
+            comparison.model_dump()
+            | {
+                "server_cpu_ratio_per_round": [round(v, 4) for v in cpu],
+                "tokens_per_s_ratio_per_round": [round(v, 4) for v in speed],
+                "verdict": judge(cpu, threshold, False, "noisy" if noisy else None),
+            }
+        )
+    return out
 
 
 def run_ceiling(
@@ -376,27 +523,96 @@ def run_ceiling(
     return run_dir
 
 
+def wants_receiver(servers: Sequence[ServerSetup]) -> bool:
+    return any(RECEIVER_URL in value for s in servers for value in s.env.values())
+
+
+def server_env(setup: ServerSetup, receiver_url: str | None) -> dict[str, str]:
+    """A server's own environment, the receiver's URL put in for its placeholder."""
+    if receiver_url is None and wants_receiver([setup]):
+        raise ValueError(f"server {setup.name}: {RECEIVER_URL} without a receiver")
+    return {
+        key: value.replace(RECEIVER_URL, receiver_url or "") for key, value in setup.env.items()
+    }
+
+
+@contextlib.contextmanager
+def span_receiver(log_path: Path) -> Iterator[tuple[str, Callable[[], int]]]:
+    """An OTLP/HTTP receiver in a process of its own (:mod:`tritonforge.trace.receiver`):
+    its traces URL, and a call that answers how many spans it has received."""
+    port = free_port()
+    command = [sys.executable, "-m", "tritonforge.trace.receiver", f"--port={port}"]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    count_url = f"http://127.0.0.1:{port}{COUNT_PATH}"
+
+    def spans() -> int:
+        return int(requests.get(count_url, timeout=10).json()["spans"])
+
+    try:
+        wait_until_ready(process, count_url, "OTLP receiver", 60)
+        yield f"http://127.0.0.1:{port}{TRACES_PATH}", spans
+    finally:
+        stop_session(process)
+
+
 def serve_and_measure(
     contract: CeilingContract, repository: Path, run_dir: Path, environment: Environment
 ) -> tuple[list[dict[str, Any]], Environment]:
-    server = TritonServer.on_free_ports(
-        repository=repository,
-        log_path=run_dir / "logs" / "tritonserver.log",
-        models=[m.name for m in contract.models],
-    )
-    wants_openai = any(t.protocol.startswith("openai") for t in contract.targets)
-    frontend = None
-    server.start()
-    try:
-        server.wait_ready(timeout_s=300)
-        environment = environment.model_copy(
-            update={"tritonserver": tritonserver_version(server.http_url)}
-        )
-        if wants_openai:
-            frontend = OpenAIFrontend.on_free_port(
-                server.grpc_url, log_path=run_dir / "logs" / "openai.log"
+    """Every server of the contract up at once, its targets' rounds, every server stopped."""
+    logs = run_dir / "logs"
+    with contextlib.ExitStack() as stack:
+        receiver_url, spans = None, None
+        if wants_receiver(contract.servers):
+            receiver_url, spans = stack.enter_context(span_receiver(logs / "otlp-receiver.log"))
+        started = []
+        for setup in contract.servers:  # side by side: each is waited for below
+            prefix = "" if len(contract.servers) == 1 else f"{setup.name}-"
+            server = TritonServer.on_free_ports(
+                repository=repository,
+                log_path=logs / f"{prefix}tritonserver.log",
+                models=[m.name for m in contract.models],
+                extra_args=setup.triton_args,
+                env=server_env(setup, receiver_url),
             )
-            frontend.start()
+            stack.callback(server.stop)
+            server.start()
+            started.append((setup, server, prefix))
+        servers: dict[str, Served] = {}
+        for setup, server, prefix in started:
+            servers[setup.name] = stack.enter_context(
+                serving(contract, setup, server, logs / f"{prefix}openai.log")
+            )
+        first = started[0][1]
+        environment = environment.model_copy(
+            update={"tritonserver": tritonserver_version(first.http_url)}
+        )
+        rows = run_rounds(contract, servers, spans)
+    return rows, environment
+
+
+@contextlib.contextmanager
+def serving(
+    contract: CeilingContract, setup: ServerSetup, server: TritonServer, frontend_log: Path
+) -> Iterator[Served]:
+    """A started server once ready, with its OpenAI frontend when one of its targets
+    needs it (stopped on the way out; the caller stops the server)."""
+    server.wait_ready(timeout_s=300)
+    mine = [t for t in contract.targets if t.server == setup.name]
+    frontend = None
+    if any(t.protocol.startswith("openai") for t in mine):
+        frontend = OpenAIFrontend.on_free_port(
+            server.grpc_url, log_path=frontend_log, env=server.env
+        )
+        frontend.start()
+    try:
+        if frontend is not None:
             frontend.wait_ready(timeout_s=180)  # a busy 2-core host imports slowly
         endpoints = Endpoints(
             grpc=server.grpc_url,
@@ -405,12 +621,10 @@ def serve_and_measure(
             if frontend
             else None,
         )
-        rows = run_rounds(contract, endpoints, server_processes(server, frontend))
+        yield Served(endpoints, server_processes(server, frontend))
     finally:
         if frontend is not None:
             frontend.stop()
-        server.stop()
-    return rows, environment
 
 
 def write_results(
@@ -429,6 +643,7 @@ def write_results(
         "environment": environment.model_dump(),
         "uncommitted_files_at_launch": uncommitted,
         "rows": rows,
+        "verdicts": verdicts(contract, rows),
     }
     (run_dir / "results.json").write_text(json.dumps(payload, indent=2))
     (run_dir / "report.md").write_text(render(payload))

@@ -41,6 +41,8 @@ def level_table(rows: Sequence[dict[str, Any]], targets: Sequence[str]) -> list[
         "per-stream tokens/s after the first, p50 / p10",
         "errors",
     ]
+    counted = any("spans" in r for r in rows)  # a run with a span receiver
+    header += ["spans received"] if counted else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for target in targets:
         mine = [r for r in rows if r["target"] == target]
@@ -61,6 +63,8 @@ def level_table(rows: Sequence[dict[str, Any]], targets: Sequence[str]) -> list[
             f"{_spread([r['stream_tokens_per_s']['p10'] for r in mine], 1)}",
             str(sum(r["errors"] for r in mine)),
         ]
+        if counted:
+            cells.append(_spread([r.get("spans") for r in mine]))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -85,6 +89,36 @@ def baseline_table(
             if row["server_cpu_us_per_response"] and base["server_cpu_us_per_response"]:
                 cost.append(row["server_cpu_us_per_response"] / base["server_cpu_us_per_response"])
         lines.append(f"| {target} | {_spread(speed, 2)} | {_spread(cost, 2)} |")
+    return lines
+
+
+def server_lines(servers: Sequence[dict[str, Any]]) -> list[str]:
+    """The run's servers and what set each apart (nothing when there was one)."""
+    if len(servers) < 2:
+        return []
+    lines = ["- servers, all up for the whole run:"]
+    for server in servers:
+        settings = [f"`{k}={v}`" for k, v in server["env"].items()]
+        settings += [f"`{a}`" for a in server["triton_args"]]
+        lines.append(f"  - {server['name']}: {', '.join(settings) or 'as `make serve` runs it'}")
+    return lines
+
+
+def verdict_lines(verdicts: Sequence[dict[str, Any]]) -> list[str]:
+    """Each comparison's per-round ratios and its verdict."""
+    lines = [
+        "| target ÷ baseline | concurrency | server CPU/token ratio per round | allowed "
+        "| verdict | tokens/s ratio per round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        cpu = ", ".join(f"{r:.3f}" for r in v["server_cpu_ratio_per_round"])
+        speed = ", ".join(f"{r:.3f}" for r in v["tokens_per_s_ratio_per_round"])
+        verdict = v["verdict"] or "n/a"
+        lines.append(
+            f"| {v['target']} ÷ {v['baseline']} | {v['concurrency']} | {cpu} "
+            f"| ≤ {v['max_server_cpu_ratio']:g} | **{verdict}** | {speed} |"
+        )
     return lines
 
 
@@ -123,6 +157,7 @@ def render(payload: dict[str, Any]) -> str:
         f"- load: {load['output_tokens']} tokens a request, concurrency "
         f"{', '.join(map(str, load['concurrency']))}, {load['rounds']} interleaved rounds "
         "(targets' order rotated)",
+        *server_lines(contract.get("servers", [])),
         *(
             [f"- uncommitted files at launch: {', '.join(dirty) or 'none'}"]
             if "uncommitted_files_at_launch" in payload
@@ -138,5 +173,16 @@ def render(payload: dict[str, Any]) -> str:
             continue
         out += [f"## Concurrency {concurrency}", "", *level_table(level, targets), ""]
         out += [*baseline_table(level, targets, contract["baseline"]), ""]
+    if payload.get("verdicts"):
+        out += [
+            "## Verdicts",
+            "",
+            "Met when every round's ratio is within the bound, missed when every round's "
+            "is beyond it, inconclusive when the rounds straddle it; none when a paired "
+            "measurement was noisy.",
+            "",
+            *verdict_lines(payload["verdicts"]),
+            "",
+        ]
     out += ["## Noise", "", *noise_lines(rows, load["max_foreign_cpu_share"]), ""]
     return "\n".join(out) + "\n"

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,6 +296,9 @@ class TritonServer:
     extra_args: Sequence[str] = ()
     log_path: Path | None = None
     host: str = "127.0.0.1"
+    #: Set on top of this process's environment for the server and its stubs: one
+    #: server's own settings (a benchmark's traced variant), beside others without them.
+    env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = field(default=None, init=False)
 
     @classmethod
@@ -346,7 +349,7 @@ class TritonServer:
         stdout = self.log_path.open("ab") if self.log_path else None
         self.process = subprocess.Popen(
             self.command(backend_dir),
-            env=server_environment(),
+            env=server_environment({**os.environ, **self.env}),
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: we stop stubs and engines with it
@@ -431,6 +434,8 @@ class OpenAIFrontend:
     host: str = "127.0.0.1"
     log_path: Path | None = None
     extra_args: Sequence[str] = ()
+    #: Set on top of this process's environment (as :attr:`TritonServer.env`).
+    env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = field(default=None, init=False)
 
     @classmethod
@@ -457,6 +462,7 @@ class OpenAIFrontend:
         stdout = self.log_path.open("ab") if self.log_path else None
         self.process = subprocess.Popen(
             self.command(),
+            env={**os.environ, **self.env},
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             stdin=subprocess.DEVNULL,
