@@ -7,6 +7,10 @@
 directly, e.g. ``--contract perf/contracts/serving-ceiling.yaml``) runs a serving-ceiling
 contract (``tritonforge.bench.ceiling``), ``ab`` the same contract on
 several commits in interleaved rounds (``tritonforge.bench.ab``).
+``exit-cost`` runs the application contract suite against one OpenAI-compatible
+endpoint (``tritonforge.bench.exit_cost``), ``exit-cost-report`` compares a directory of
+candidates pairwise, and ``decide`` writes a decision record from a contract run,
+operability and exit-cost results (``tritonforge.bench.decision``).
 """
 
 from __future__ import annotations
@@ -179,6 +183,54 @@ def _add_overload_report(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(func=_overload_report)
 
 
+def _exit_cost(args: argparse.Namespace) -> int:
+    from tritonforge.bench.exit_cost import run
+
+    return run.run(args)
+
+
+def _add_exit_cost(sub: argparse._SubParsersAction) -> None:
+    from tritonforge.bench.exit_cost.run import add_arguments
+
+    suite = sub.add_parser(
+        "exit-cost",
+        help="the application contract suite against one OpenAI-compatible endpoint",
+    )
+    add_arguments(suite)
+    suite.set_defaults(func=_exit_cost)
+
+
+def _exit_cost_report(args: argparse.Namespace) -> int:
+    from tritonforge.bench.exit_cost import run
+
+    return run.report(args)
+
+
+def _add_exit_cost_report(sub: argparse._SubParsersAction) -> None:
+    rep = sub.add_parser(
+        "exit-cost-report", help="what a move between each pair of candidates costs → report.md"
+    )
+    rep.add_argument("run_dir", type=Path)
+    rep.set_defaults(func=_exit_cost_report)
+
+
+def _decide(args: argparse.Namespace) -> int:
+    from tritonforge.bench.decision import record
+
+    return record.main(args)
+
+
+def _add_decide(sub: argparse._SubParsersAction) -> None:
+    from tritonforge.bench.decision.record import add_arguments
+
+    decide = sub.add_parser(
+        "decide",
+        help="a decision record: goodput, operability and exit cost → the choice per track",
+    )
+    add_arguments(decide)
+    decide.set_defaults(func=_decide)
+
+
 def _contract_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contract", type=Path, required=True, help="perf/contracts/<name>.yaml")
     p.add_argument(
@@ -301,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_ab,
         _add_overload,
         _add_overload_report,
+        _add_exit_cost,
+        _add_exit_cost_report,
+        _add_decide,
     )
     for add in adders:
         add(sub)
