@@ -146,10 +146,10 @@ def report(results: list[SuiteResult]) -> str:
         "|---|---|---|---|---|",
     ]
     for r in results:
-        commit = r.environment.get("git_commit", "–")
-        lines.append(
-            f"| {r.candidate} | `{r.model}` | {r.base_url} | {str(commit)[:12]} | {r.started_at} |"
-        )
+        commit = str(r.environment.get("git_commit", "–"))[:12]
+        if r.environment.get("git_dirty"):
+            commit += " (dirty: " + ", ".join(r.environment.get("dirty_files", [])) + ")"
+        lines.append(f"| {r.candidate} | `{r.model}` | {r.base_url} | {commit} | {r.started_at} |")
     lines += ["", "## Checks", "", *status_table(results), "", "## Changes per move", ""]
     lines += [*count_matrix(results), "", *pair_lines(results)]
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from tritonforge.bench.environment import (
     git_state,
     machine,
     serving_versions,
+    tritonserver_version,
 )
 from tritonforge.bench.exit_cost import changes
 from tritonforge.bench.exit_cost.checks import CHECKS, Suite, run_all
@@ -56,10 +57,13 @@ def served(t: Transport, base_url: str, model: str) -> dict[str, Any]:
     return out
 
 
-def environment(t: Transport, base_url: str, model: str) -> dict[str, Any]:
+def environment(
+    t: Transport, base_url: str, model: str, triton_http: str | None = None
+) -> dict[str, Any]:
     """The machine, this tree's commit (the suite's, and tritonforge's when it is the
     candidate), the serving venv's versions, the load, and what the server reports."""
     commit, dirty = git_state()
+    triton = {"tritonserver": tritonserver_version(triton_http)} if triton_http else {}
     return {
         "machine": machine().model_dump(),
         "git_commit": commit,
@@ -67,6 +71,7 @@ def environment(t: Transport, base_url: str, model: str) -> dict[str, Any]:
         "dirty_files": dirty_files() if dirty else [],
         "serving_versions": serving_versions((*SERVING_PACKAGES, "llama-cpp-python")),
         "load_average": list(os.getloadavg()),
+        **triton,
         **served(t, base_url, model),
     }
 
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         probe_tokens=args.probe_tokens,
     )
     started = _utc()
-    env = environment(transport, args.base_url, args.model)
+    env = environment(transport, args.base_url, args.model, args.triton_http)
     checks = run_all(transport, suite, args.check)
     result = SuiteResult(
         candidate=args.candidate,
@@ -135,5 +140,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how far a request without max_tokens is followed",
     )
     p.add_argument("--check", action="append", choices=list(CHECKS), help="run only these")
+    p.add_argument(
+        "--triton-http", help="host:port of the tritonserver behind the endpoint, if any"
+    )
     p.add_argument("--api-key-env", help="environment variable holding a bearer token")
     p.add_argument("--out", help="run directory (default perf/results/exit-cost/<UTC time>)")
