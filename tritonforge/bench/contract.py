@@ -349,6 +349,7 @@ class TargetKind(StrEnum):
     VLLM_OPENAI = "vllm_openai"  # vLLM's own OpenAI-compatible server, the reference
     VLLM_OFFLINE = "vllm_offline"  # vLLM's LLMEngine in-process: the engine's ceiling
     OPENAI = "openai"  # tritonforge.openai in front of tritonserver serving ``model``
+    LLAMACPP_SERVER = "llamacpp_server"  # llama-cpp-python's own OpenAI-compatible server
 
 
 class Target(Strict):
@@ -361,8 +362,9 @@ class Target(Strict):
     )
     engine_config: str | None = Field(
         default=None,
-        description="vLLM engine settings (model.json) for vllm_openai / vllm_offline, "
-        "relative to the repository root: the same file the Triton model reads",
+        description="engine settings (model.json) for vllm_openai / vllm_offline / "
+        "llamacpp_server, relative to the repository root: the same file the Triton model "
+        "reads",
     )
     tool: Literal["aiperf", "perf_analyzer"] = Field(
         default="aiperf",
@@ -397,6 +399,8 @@ class Target(Strict):
         served_by_triton = (TargetKind.TRITON, TargetKind.OPENAI)
         if self.kind not in served_by_triton and not self.engine_config:
             raise ValueError(f"a {self.kind.value} target needs engine_config (a model.json path)")
+        if self.kind is TargetKind.LLAMACPP_SERVER and self.tool == "perf_analyzer":
+            raise ValueError("llamacpp_server targets are driven by aiperf (completions)")
         return self
 
 

@@ -1,9 +1,9 @@
 """The served targets' servers, all up at once for a run and all stopped after it.
 
 The rounds interleave the targets, so every server must be up together: one
-tritonserver for every Triton (and OpenAI-frontend) target, one vLLM server per
-reference target. They start side by side; each one's start-up time is until it
-answered ready. A server that fails to start fails its targets, not the run.
+tritonserver for every Triton (and OpenAI-frontend) target, one own server per
+reference target (vLLM's, llama.cpp's). They start side by side; each one's start-up
+time is until it answered ready. A server that fails to start fails its targets, not the run.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ class Servers:
 
 
 def server_groups(targets: Iterable[Target]) -> list[tuple[TargetKind, list[Target]]]:
-    """One Triton for every target it serves, then one vLLM server per reference target."""
+    """One Triton for every target it serves, then one own server per reference target."""
     targets = list(targets)
     on_triton = [t for t in targets if t.kind in (TargetKind.TRITON, TargetKind.OPENAI)]
     groups = [(TargetKind.TRITON, on_triton)] if on_triton else []
-    groups += [(TargetKind.VLLM_OPENAI, [t]) for t in targets if t.kind is TargetKind.VLLM_OPENAI]
+    own = (TargetKind.VLLM_OPENAI, TargetKind.LLAMACPP_SERVER)
+    groups += [(t.kind, [t]) for t in targets if t.kind in own]
     return groups
 
 

