@@ -6,7 +6,9 @@
 ``python -m tritonforge.bench run`` on a contract of ``kind: ceiling`` (or ``ceiling``
 directly, e.g. ``--contract perf/contracts/serving-ceiling.yaml``) runs a serving-ceiling
 contract (``tritonforge.bench.ceiling``), ``ab`` the same contract on
-several commits in interleaved rounds (``tritonforge.bench.ab``).
+several commits in interleaved rounds (``tritonforge.bench.ab``), ``peers`` each Triton
+model past saturation against its engine's own server (``tritonforge.bench.peers``),
+``operability`` what running each candidate costs (``tritonforge.bench.operability``).
 ``exit-cost`` runs the application contract suite against one OpenAI-compatible
 endpoint (``tritonforge.bench.exit_cost``), ``exit-cost-report`` compares a directory of
 candidates pairwise, and ``decide`` writes a decision record from a contract run,
@@ -175,6 +177,46 @@ def _overload_report(args: argparse.Namespace) -> int:
     from tritonforge.bench import overload_report
 
     return overload_report.main(args.run_dir)
+
+
+def _peers(args: argparse.Namespace) -> int:
+    from tritonforge.bench import peers
+
+    try:
+        return peers.main(args)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+
+
+def _add_peers(sub: argparse._SubParsersAction) -> None:
+    from tritonforge.bench.peers import add_arguments
+
+    peers = sub.add_parser(
+        "peers",
+        help="past saturation, each Triton model against its engine's own server "
+        "(vllm serve, llama.cpp's server), the same arrivals, rounds interleaved",
+    )
+    add_arguments(peers)
+    peers.set_defaults(func=_peers)
+
+
+def _operability(args: argparse.Namespace) -> int:
+    from tritonforge.bench import operability
+
+    return operability.main(args)
+
+
+def _add_operability(sub: argparse._SubParsersAction) -> None:
+    from tritonforge.bench.operability import add_arguments
+
+    cmd = sub.add_parser(
+        "operability",
+        help="each candidate's engine killed under load, SIGTERM with requests in flight, "
+        "its metrics and request ids",
+    )
+    add_arguments(cmd)
+    cmd.set_defaults(func=_operability)
 
 
 def _add_overload_report(sub: argparse._SubParsersAction) -> None:
@@ -353,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_ab,
         _add_overload,
         _add_overload_report,
+        _add_peers,
+        _add_operability,
         _add_exit_cost,
         _add_exit_cost_report,
         _add_decide,
