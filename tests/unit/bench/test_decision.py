@@ -110,14 +110,23 @@ def test_a_target_that_did_not_interleave_is_never_beaten_nor_beats() -> None:
     assert verdict.verdict == "not interleaved"
 
 
-def test_a_failed_candidate_loses_on_that_and_zero_goodput_is_a_tie() -> None:
+def test_a_failed_candidate_or_one_without_goodput_loses_on_that_alone() -> None:
     broken = TargetResult(
         name="c", kind="triton", tool="aiperf", status="failed", error="port in use\nmore"
     )
-    result = run(target("a", {1: [0.0, 0.0, 0.0]}), target("b", {1: [0.0, 0.0, 0.0]}), broken)
+    result = run(target("a", {1: [0.0, 0.1, 0.0]}), target("b", {1: [0.0, 0.0, 0.0]}), broken)
     decision = choice.decide(result, "cpu", [], [])
     assert decision.lost["c"] == ["did not run: port in use"]
-    assert decision.beats == [] and sorted(decision.front) == ["a", "b"]
+    assert decision.lost["b"] == ["no request within the SLO at any load"]
+    assert decision.choice == "a"
+    assert choice.ratio(0.0, 0.0) == 1.0  # two empty rounds are a tie, not a loss
+
+
+def test_no_choice_when_no_candidate_kept_a_request_within_the_slo() -> None:
+    result = run(target("a", {1: [0.0, 0.0, 0.0]}), target("b", {1: [0.0, 0.0, 0.0]}))
+    decision = choice.decide(result, "cpu", [], [])
+    assert decision.choice is None and "must change first" in decision.why
+    assert set(decision.lost) == {"a", "b"}
 
 
 def test_slo_verdict_per_level_is_the_benchs_judge_on_each_rounds_outcome() -> None:

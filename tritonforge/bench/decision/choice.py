@@ -13,7 +13,9 @@ The order of evidence, and why:
 3. **Exit cost**: fewer checks of the application contract it does not pass.
 4. Then the higher median goodput at the heaviest load, said as such (not a verdict).
 
-A candidate that failed to run loses on that alone. Nothing here is a verdict the rounds
+A candidate that failed to run, or kept no request within the SLO at any load, loses on
+that alone; when none kept any, there is no choice (the SLO, the load or the hardware has
+to change first). Nothing here is a verdict the rounds
 did not give: a tie broken by operability is recorded as a tie.
 """
 
@@ -128,6 +130,7 @@ def decide(
     exit_cost: list[SuiteResult],
 ) -> Decision:
     """The choice among the run's targets on ``track``, and each other's reasons to lose."""
+    by_name = {t.name: t for t in result.targets}
     failed = {t.name: t for t in result.targets if t.status == "failed" or not t.levels}
     alive = [t.name for t in result.targets if t.name not in failed]
     lost: dict[str, list[str]] = {
@@ -136,6 +139,14 @@ def decide(
     }
     if not alive:
         return Decision(track, None, "no candidate measured on this track", [], [], lost)
+    some = [n for n in alive if any(m.goodput_rps > 0 for m in by_name[n].levels)]
+    for name in alive:
+        if name not in some:
+            lost[name] = ["no request within the SLO at any load"]
+    if not some:
+        why = "no candidate kept a request within the SLO at any load: the SLO, the load or "
+        return Decision(track, None, why + "the hardware must change first", [], [], lost)
+    alive = some
     won = beats(result, alive)
     beaten = {n: [b for b in won if b.loser == n] for n in alive}
     fewest = min(len(v) for v in beaten.values())
@@ -160,7 +171,7 @@ def decide(
         return (
             len(op.faults()) if op else 0,
             len(exit_faults(exit_cost_of(name, exit_cost))),
-            -_top_median(result.target(name) or failed[name]),
+            -_top_median(by_name[name]),
         )
 
     ordered = sorted(front, key=rank)
@@ -176,6 +187,8 @@ def decide(
             reason = "more exit-cost failures: " + ", ".join(
                 exit_faults(exit_cost_of(name, exit_cost))
             )
+        elif mine == best:
+            reason = "no difference in operability, exit cost or median goodput: taken first"
         else:
             reason = (
                 f"lower median goodput at the heaviest load ({-mine[2]:.2f} vs {-best[2]:.2f} "

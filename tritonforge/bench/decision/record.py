@@ -40,7 +40,7 @@ def workload(result: RunResult, notes: list[str]) -> list[str]:
     """The contract's SLO, load and traffic as its report says them, and what was reduced."""
     summary = report._contract_summary(result)[2:]
     reduced = (
-        [f"Reduced to fit a quiet window: `{' '.join(result.overrides)}`."]
+        ["The overrides above are how this run reduced the contract (to fit the window it had)."]
         if result.overrides
         else []
     )
@@ -204,9 +204,12 @@ def exit_cost_section(suites: list[SuiteResult], chosen: str | None) -> list[str
 def decision_section(decision: choosing.Decision) -> list[str]:
     lines = ["## Choice", ""]
     if decision.choice is None:
-        return [*lines, f"No choice on the {decision.track} track: {decision.why}.", ""]
-    lines += [f"**{decision.choice}** — {decision.why}.", "", "Why each other candidate lost:", ""]
-    lines += [f"- **{name}**: " + " ".join(reasons) for name, reasons in decision.lost.items()]
+        lines += [f"No choice on the {decision.track} track: {decision.why}.", ""]
+    else:
+        lines += [f"**{decision.choice}** — {decision.why}.", ""]
+    if decision.lost:
+        lines += ["Why each other candidate lost:" if decision.choice else "Per candidate:", ""]
+        lines += [f"- **{name}**: " + " ".join(why) for name, why in decision.lost.items()]
     return [*lines, ""]
 
 
