@@ -4,12 +4,16 @@ The launcher (``python -m tritonforge.launch.launcher``, what ``make serve`` run
 started on free ports of its own with llama.cpp's model alone (ready in seconds; the
 supervision does not depend on the models) — never the session's server, which other
 tests use. A model loaded over gRPC after the start stands for "loaded at run time".
-Then tritonserver is SIGKILLed (a segfault's effect, on demand) with a gRPC stream and
-an OpenAI stream in flight:
+Then tritonserver is SIGKILLed (a segfault's effect, on demand) with llama.cpp's slots
+full — a gRPC stream and an OpenAI stream generating, holds in the other slots — and a
+non-streamed and a streamed OpenAI request queued behind them:
 
-- both streams end with an error, none hangs;
-- the OpenAI frontend answers 503 with Retry-After while Triton is down, and serves
-  again once it is back — the same frontend process;
+- the streams that had sent tokens end with an error, none hangs: the gRPC one as
+  Triton's ports die with the server, the OpenAI one with the restart's error event
+  naming the tokens it had sent, never replayed;
+- the two queued OpenAI requests, which had sent nothing, are answered once the server
+  is back — same request id, the stream from its first token — and so is one sent
+  while Triton was down (the frontend's health said so): the same frontend process;
 - the launcher restarts tritonserver with both models, counts the restart by cause, and
   removes what the dead server left (processes, shared memory);
 - a model's stub that crashes (SIGSEGV) is a crash too: its request ends with an error
@@ -20,6 +24,7 @@ an OpenAI stream in flight:
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -32,11 +37,13 @@ import requests
 
 from tests.e2e.client import Hold, control_model, metric, model_state, wait_for
 from tritonforge.bench.reliability.crash_recovery import Launcher
-from tritonforge.launch.launcher import session_processes
+from tritonforge.engines.config import load_engine_config
+from tritonforge.launch.launcher import MODEL_REPOSITORY, session_processes
 from tritonforge.launch.supervisor import shm_regions
 
 MODEL = "llamacpp_model"
 RUNTIME_MODEL = "preprocessing"  # C++ tokenizer model: loads in well under a second
+SLOTS = load_engine_config(MODEL_REPOSITORY / MODEL / "1", "model.json")["n_parallel"]
 pytestmark = pytest.mark.server
 
 
@@ -53,7 +60,12 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
 
 
 def _chat(
-    base: str, stream_it: bool, max_tokens: int, timeout_s: float = 60, **extra: object
+    base: str,
+    stream_it: bool,
+    max_tokens: int,
+    client_timeout_s: float = 60,
+    headers: dict[str, str] | None = None,
+    **extra: object,
 ) -> requests.Response:
     body = {
         "model": MODEL,
@@ -62,7 +74,40 @@ def _chat(
         "stream": stream_it,
         **extra,
     }
-    return requests.post(f"{base}/chat/completions", json=body, stream=stream_it, timeout=timeout_s)
+    return requests.post(
+        f"{base}/chat/completions",
+        json=body,
+        stream=stream_it,
+        timeout=client_timeout_s,
+        headers=headers,
+    )
+
+
+class Queued(threading.Thread):
+    """An OpenAI request (``X-Request-Id`` ``request_id``) sent on a thread of its own;
+    its reply (the whole body read) or the exception it raised."""
+
+    def __init__(self, base: str, request_id: str, stream_it: bool, **extra: object) -> None:
+        super().__init__()
+        self.args_ = (base, stream_it, 8)
+        self.extra = {"ignore_eos": True, **extra}
+        self.headers = {"X-Request-Id": request_id}
+        self.reply: requests.Response | None = None
+        self.events: list[dict] = []
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            reply = _chat(*self.args_, client_timeout_s=300, headers=self.headers, **self.extra)
+            if reply.status_code == 200 and self.args_[1]:
+                lines = reply.iter_lines(decode_unicode=True)
+                data = [x.removeprefix("data: ") for x in lines if x.startswith("data: ")]
+                assert data[-1] == "[DONE]", data[-3:]
+                self.events = [json.loads(x) for x in data[:-1]]
+            self.reply = reply
+        except Exception as error:  # the test reads it
+            self.error = error
 
 
 def _openai_stream(base: str, started: threading.Event, events: list[str]) -> None:
@@ -74,8 +119,8 @@ def _openai_stream(base: str, started: threading.Event, events: list[str]) -> No
                 started.set()
 
 
-def _in_flight(launched: Launcher) -> tuple[threading.Thread, Hold, list[str]]:
-    """An OpenAI stream and a gRPC stream, both generating: in flight at the kill."""
+def _in_flight(launched: Launcher) -> tuple[threading.Thread, list[Hold], list[str]]:
+    """An OpenAI stream and gRPC streams, all generating, in every slot of the model."""
     openai_events: list[str] = []
     openai_started = threading.Event()
     openai = threading.Thread(
@@ -83,12 +128,41 @@ def _in_flight(launched: Launcher) -> tuple[threading.Thread, Hold, list[str]]:
     )
     openai.start()
     assert openai_started.wait(60), "the OpenAI stream never started"
-    grpc = Hold(launched.server.grpc_url, MODEL, "Once upon a time")
-    grpc.wait_responses()
-    return openai, grpc, openai_events
+    holds = [
+        Hold(launched.server.grpc_url, MODEL, f"Once upon a time {i}") for i in range(SLOTS - 1)
+    ]
+    for hold in holds:
+        hold.wait_responses()
+    return openai, holds, openai_events
 
 
-def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(launched) -> None:
+def _waiting(launched: Launcher) -> float:
+    return metric(launched.server.metrics_url, "llamacpp:num_requests_waiting", model=MODEL)
+
+
+def _whole_answer(queued: Queued, request_id: str) -> None:
+    """Answered after the restart, under the id it was sent with; a stream from its
+    first token: one beginning, no error event, all 8 tokens."""
+    queued.join(300)
+    assert not queued.is_alive() and queued.error is None, queued.error
+    assert queued.reply is not None and queued.reply.status_code == 200, queued.reply.text
+    assert queued.reply.headers["x-request-id"] == request_id
+    if not queued.events:
+        answer = queued.reply.json()
+        assert answer["usage"]["completion_tokens"] == 8
+        assert answer["choices"][0]["message"]["content"]
+        return
+    assert not [e for e in queued.events if "error" in e], queued.events
+    chunks = [e for e in queued.events if e["choices"]]
+    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+    assert sum(bool(c["choices"][0]["delta"].get("role")) for c in chunks) == 1
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert queued.events[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_a_killed_tritonserver_is_back_and_the_frontend_carried_its_requests_over(
+    launched,
+) -> None:
     control_model(launched.server.grpc_url, "load", RUNTIME_MODEL)
     frontend = launched.frontend()
     dead = launched.triton()
@@ -103,23 +177,42 @@ def test_a_killed_tritonserver_is_back_and_the_frontend_served_503_meanwhile(lau
     )
     regions = shm_regions(dead.pid)
     assert regions, "expected the python backend's shared memory mapped by the server"
-    openai, grpc, openai_events = _in_flight(launched)
+    openai, holds, openai_events = _in_flight(launched)
+    single = Queued(launched.openai_url, "queued-single-1", False, timeout_s=240)
+    streamed = Queued(
+        launched.openai_url, "queued-stream-1", True, stream_options={"include_usage": True}
+    )
+    wait_for(lambda: _waiting(launched) == 2, what="both OpenAI requests queued in the model")
 
     dead.kill()
     killed = time.monotonic()
-    down = _chat(launched.openai_url, False, 4, timeout_s=10)
     openai.join(30)
-    grpc.wait_end(30)
-    grpc.cancel()
+    for hold in holds:
+        hold.wait_end(30)
+        hold.cancel()
     assert not openai.is_alive(), "a stream in flight hung after the crash"
-    assert grpc.error is not None  # ended with an error, not a FINAL
+    assert all(hold.error is not None for hold in holds)  # Triton's port died with it
     assert openai_events[-1] == "[DONE]"
-    assert "error" in json.loads(openai_events[-2]), openai_events[-2]
-    assert down.status_code == 503, down.text
-    assert int(down.headers["retry-after"]) > 0
-    assert down.json()["error"]["code"] == "service_unavailable"
+    error = json.loads(openai_events[-2])["error"]
+    assert error["code"] == "server_restarted", error
+    sent = re.search(
+        r"tritonserver restarted after this stream had sent (\d+) tokens", error["message"]
+    )
+    assert sent is not None and int(sent.group(1)) >= 1, error["message"]  # it had started
+    wait_for(
+        lambda: (
+            requests.get(f"{launched.openai_url.removesuffix('/v1')}/health").status_code == 503
+        ),
+        what="the frontend to see Triton down",
+    )
+    during = Queued(launched.openai_url, "during-outage-1", False)
 
-    wait_for(lambda: _serves(launched), timeout_s=180, what="the OpenAI API to serve again")
+    for queued, request_id in (
+        (single, "queued-single-1"),
+        (streamed, "queued-stream-1"),
+        (during, "during-outage-1"),
+    ):
+        _whole_answer(queued, request_id)
     recovery_s = time.monotonic() - killed
     assert launched.frontend().pid == frontend.pid  # the frontend never restarted
     assert launched.triton().pid != dead.pid
