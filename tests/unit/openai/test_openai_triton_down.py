@@ -1,7 +1,10 @@
 """The OpenAI frontend while Triton is down: every route answers 503 with Retry-After.
 
 The real gateway (grpc.aio channel) against a port where nothing listens — what the
-frontend sees while the launcher restarts a crashed tritonserver. That it serves again
+frontend sees while the launcher restarts a crashed tritonserver. Chat and completions
+answer 503 at once here because this frontend never read the model's config (it cannot
+tell the model exists); a request to a model it served before the outage waits for the
+restarted server instead (tests/unit/openai/test_carry_over.py). That it serves again
 once Triton is back is tests/e2e/test_crash_recovery.py's part.
 """
 
