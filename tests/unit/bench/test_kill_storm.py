@@ -259,3 +259,71 @@ def test_the_logs_give_exit_causes_lost_sends_and_what_shutdown_waited_for(tmp_p
         "\"Model 'ensemble_vllm' (version N) has N in-flight inferences\""
     ]
     assert any("has 3 in-flight" in line for line in found["server_after_sigterm"])
+
+
+def test_carried_over_counts_the_openai_requests_that_had_sent_nothing_at_the_kill() -> None:
+    from tritonforge.bench.reliability.kill_storm import carried_over
+
+    deadline = "HTTP 503: tritonserver restarted (it stopped while"
+    restarted = "HTTP 200: stream error tritonserver restarted after this stream"
+    records = [
+        Ended("openai_single", "m", "answered", 90, 140, first_at=140),  # carried over
+        Ended("openai_stream", "m", "answered", 95, 141, first_at=135),  # resent stream
+        Ended("openai_stream", "m", "errored", 96, 101, restarted, first_at=97),  # started
+        Ended("openai_stream", "m", "errored", 98, 120, deadline),  # its deadline passed
+        Ended("openai_single", "m", "cancelled", 99, 110),  # the client's own cancel
+        Ended("openai_single", "m", "errored", 99, 100.5, "HTTP 400: top_p", "top_p"),
+        Ended("openai_single", "m", "errored", 105, 106, "HTTP 503: Triton at N is not"),
+        Ended("openai_stream", "m", "answered", 150, 160, first_at=151, duplicated=True),
+        Ended("grpc_stream", "m", "errored", 90, 100.5, "UNAVAILABLE: Socket closed"),
+    ]
+    found = carried_over(_state(records, len(records), {}))
+    nothing = found["nothing_sent_at_kill"]
+    assert found["in_flight_at_kill"] == 5  # neither the malformed nor Triton's own port
+    assert nothing["count"] == 4 and nothing["by_state"]["answered"] == 2
+    assert nothing["answered_share"] == round(2 / 3, 4)  # the client's cancel left out
+    assert found["streams_started_at_kill"] == {
+        "count": 1,
+        "by_state": {"errored": 1},
+        "ended_by_the_restart_event": 1,
+    }
+    assert found["duplicated"] == 1
+    assert found["errors_from_the_kill_on"] == {
+        "allowed": {"started stream ended": 1, "deadline passed": 1},
+        "other": {"HTTP 503: Triton at N is not": 1},
+    }
+
+
+def test_the_verdict_holds_the_carry_over_targets() -> None:
+    s = StormSettings()
+    carried = {
+        "killed": True,
+        "nothing_sent_at_kill": {"answered_share": 1.0},
+        "duplicated": 0,
+        "errors_from_the_kill_on": {"allowed": {"deadline passed": 3}, "other": {}},
+    }
+    assert verdict(_figures(carried_over=carried), s) == []
+    worse = carried | {
+        "nothing_sent_at_kill": {"answered_share": 0.98},
+        "duplicated": 2,
+        "errors_from_the_kill_on": {"allowed": {}, "other": {"HTTP 500: x": 1}},
+    }
+    assert verdict(_figures(carried_over=worse), s) == [
+        "98.0% of the OpenAI requests that had sent nothing at the kill were answered "
+        "after the restart (target 99%)",
+        "2 OpenAI answer(s) given twice",
+        "OpenAI errors from the kill on besides the restart's: {'HTTP 500: x': 1}",
+    ]
+
+
+def test_crashes_leave_out_the_storms_own_kill() -> None:
+    from tritonforge.bench.reliability.kill_storm import crashes
+
+    assert crashes({"SIGKILL": 1.0}, True, 0) == {
+        "stub_aborts": 0,
+        "tritonserver_crashes": 0,
+        "restarts_by_cause_besides_the_kill": {},
+        "abort_lines_in_log": 0,
+    }
+    found = crashes({"SIGKILL": 1.0, "model stub died": 2.0, "SIGSEGV": 1.0}, True, 3)
+    assert found["stub_aborts"] == 2 and found["tritonserver_crashes"] == 1
