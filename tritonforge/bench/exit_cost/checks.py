@@ -186,7 +186,7 @@ def default_temperature(t: Transport, suite: Suite) -> CheckResult:
     does the server sample by default, or answer greedily? Compares the server's answers
     with each other, never with a text written here."""
     name = "default_temperature"
-    body = {"model": suite.model, "messages": SHORT_ASK, "max_tokens": 16}
+    body = {"model": suite.model, "messages": SHORT_ASK, "max_tokens": 8}
     greedy = t.post(CHAT, body | {"temperature": 0})
     if not greedy.ok:
         return _refused(name, greedy, "greedy request")
@@ -212,7 +212,7 @@ def stop_sequence(t: Transport, suite: Suite) -> CheckResult:
     """A stop string taken from the server's own greedy answer cuts the answer just
     before it, with ``finish_reason: stop`` and the string left out."""
     name = "stop_sequence"
-    body = {"model": suite.model, "messages": SHORT_ASK, "max_tokens": 24, "temperature": 0}
+    body = {"model": suite.model, "messages": SHORT_ASK, "max_tokens": 16, "temperature": 0}
     free = t.post(CHAT, body)
     if not free.ok:
         return _refused(name, free, "greedy request")

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_url=args.metrics_url or server_root(args.base_url) + "/metrics",
         adapter=args.adapter,
         probe_tokens=args.probe_tokens,
+        samples=args.samples,
     )
     started = _utc()
     env = environment(transport, args.base_url, args.model, args.triton_http)
@@ -138,6 +139,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=48,
         help="how far a request without max_tokens is followed",
+    )
+    p.add_argument(
+        "--samples", type=int, default=3, help="requests without temperature, against a greedy one"
     )
     p.add_argument("--check", action="append", choices=list(CHECKS), help="run only these")
     p.add_argument(
