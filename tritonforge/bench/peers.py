@@ -21,8 +21,9 @@ contract's SLO as their own ``slo_ttft_ms`` / ``slo_tpot_ms`` (a peer ignores th
     python -m tritonforge.bench peers --sweep vllm=0.4/0.6/0.8,llamacpp=0.3/0.5/0.7 \
         --duration-s 40 --rounds 3
 
-Results: perf/results/overload-peers/<UTC>/results.json with each pair's verdict
-(goodput ratio per round against the pair's target, judged as every contract target is).
+Results: perf/results/overload-peers/<UTC>/results.json, and verdicts.json with each
+pair's verdict (goodput ratio per round against the pair's target, judged as every
+contract target is) in the shape ``overload-report`` writes.
 """
 
 from __future__ import annotations
@@ -386,6 +387,10 @@ def main(args: argparse.Namespace) -> int:
         "verdicts": verdicts,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    # the shape overload-report writes, so a decision record reads both alike
+    quiet = all_quiet((c["noise"]["foreign_cpu_share_during"] for c in cells), max_foreign)
+    verdict_file = {"machine_quiet": quiet, "targets": verdicts}
+    (out / "verdicts.json").write_text(json.dumps(verdict_file, indent=1) + "\n")
     make_machine_free(out)
     print(json.dumps(verdicts, indent=1))
     print(f"wrote {out / 'results.json'}")
