@@ -60,6 +60,10 @@ def _endpoint_flags(endpoint: HttpEndpoint, artifacts: Path) -> list[str]:
     if endpoint.response_field:
         extras["response_field"] = endpoint.response_field
     for key, value in extras.items():
+        if isinstance(value, dict | list):
+            # aiperf splits key:value on commas; a JSON object flag is read whole
+            flags += ["--extra-inputs", json.dumps({key: value})]
+            continue
         rendered = json.dumps(value) if not isinstance(value, str) else value
         flags += ["--extra-inputs", f"{key}:{rendered}"]
     return flags

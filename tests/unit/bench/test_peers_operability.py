@@ -248,3 +248,21 @@ def test_a_measured_candidate_is_written_in_the_decision_records_format(tmp_path
     assert "the server exited when its engine died" in " ".join(entry.notes)
     assert "does not serve again by itself after its engine dies" in entry.faults()
     assert "metrics do not show worker" in entry.faults()
+
+
+def test_an_object_extra_input_reaches_aiperf_whole(tmp_path) -> None:
+    from tritonforge.bench.aiperf_driver import HttpEndpoint, _endpoint_flags
+
+    endpoint = HttpEndpoint(
+        url="http://127.0.0.1:1",
+        model="m",
+        endpoint_type="completions",
+        extra_inputs={"temperature": 0.0, "logit_bias": {"0": -100, "2": -100}},
+    )
+    flags = _endpoint_flags(endpoint, tmp_path)
+    assert flags == [
+        "--extra-inputs",
+        "temperature:0.0",
+        "--extra-inputs",
+        '{"logit_bias": {"0": -100, "2": -100}}',
+    ]
