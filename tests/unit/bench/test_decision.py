@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.unit.bench.helpers import smoke_run
+from tritonforge.bench.__main__ import main
 from tritonforge.bench.contract import load_contract
 from tritonforge.bench.decision import choice, record
 from tritonforge.bench.decision.operability import FORMAT, Candidate, OperabilityFile
@@ -104,10 +104,26 @@ def test_a_noisy_run_decides_no_goodput_difference() -> None:
     assert "not a verdict" in decision.lost["b"][0]
 
 
-def test_a_target_that_did_not_interleave_is_never_beaten_nor_beats() -> None:
+def test_a_target_that_did_not_interleave_is_no_candidate() -> None:
     offline = target("offline", {8: [9.0, 9.0, 9.0]}, interleaved=False)
     verdict = choice.head_to_head(run(), offline, target("b", {8: [1.0, 1.0, 1.0]}), 8)
     assert verdict.verdict == "not interleaved"
+    decision = choice.decide(run(offline, target("b", {8: [1.0, 1.0, 1.0]})), "cpu", [], [])
+    assert decision.choice == "b" and "not interleaved" in decision.lost["offline"][0]
+
+
+def test_the_choice_can_be_among_some_targets_only() -> None:
+    result = run(target("a", {1: [2.0, 2.0, 2.0]}), target("b", {1: [1.0, 1.0, 1.0]}))
+    assert choice.decide(result, "cpu", [], [], only=["b"]).choice == "b"
+
+
+def test_candidates_each_ahead_somewhere_are_a_tie_said_as_such() -> None:
+    result = run(
+        target("a", {1: [2.0, 2.0, 2.0], 8: [1.0, 1.0, 1.0]}),
+        target("b", {1: [1.0, 1.0, 1.0], 8: [2.0, 2.0, 2.0]}),
+    )
+    decision = choice.decide(result, "cpu", [], [])
+    assert sorted(decision.front) == ["a", "b"] and "each beaten at 1 load(s)" in decision.why
 
 
 def test_a_failed_candidate_or_one_without_goodput_loses_on_that_alone() -> None:
@@ -201,16 +217,9 @@ def test_the_record_has_every_section_and_keeps_tracks_apart(tmp_path: Path) -> 
     exit_dir.mkdir()
     for s in (suite("a", {"json_schema": "passed"}), suite("b", {"json_schema": "unsupported"})):
         (exit_dir / f"{s.candidate}.json").write_text(s.model_dump_json())
-    args = argparse.Namespace(
-        track="cpu",
-        run=run_dir,
-        operability=paths,
-        exit_cost=[exit_dir],
-        overload=[],
-        note=[],
-        out=str(tmp_path / "cpu.md"),
-    )
-    assert record.main(args) == 0
+    argv = ["decide", "--track", "cpu", "--run", str(run_dir), "--exit-cost", str(exit_dir)]
+    argv += [arg for path in paths for arg in ("--operability", str(path))]
+    assert main([*argv, "--out", str(tmp_path / "cpu.md")]) == 0
     text = (tmp_path / "cpu.md").read_text()
     for heading in (
         "## Workload and SLO",

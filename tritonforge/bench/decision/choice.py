@@ -128,15 +128,21 @@ def decide(
     track: str,
     operability: list[OperabilityCandidate],
     exit_cost: list[SuiteResult],
+    only: list[str] | None = None,
 ) -> Decision:
-    """The choice among the run's targets on ``track``, and each other's reasons to lose."""
-    by_name = {t.name: t for t in result.targets}
-    failed = {t.name: t for t in result.targets if t.status == "failed" or not t.levels}
-    alive = [t.name for t in result.targets if t.name not in failed]
+    """The choice among the run's targets on ``track`` (``only`` these, when given), and
+    each other's reasons to lose. A target that did not run interleaved with the others
+    (the offline engine) cannot be judged against them, so it is no candidate."""
+    targets = [t for t in result.targets if not only or t.name in only]
+    by_name = {t.name: t for t in targets}
+    failed = {t.name: t for t in targets if t.status == "failed" or not t.levels}
+    apart = [t.name for t in targets if t.name not in failed and not t.interleaved]
+    alive = [t.name for t in targets if t.name not in failed and t.interleaved]
     lost: dict[str, list[str]] = {
         name: [f"did not run: {(t.error or 'no level measured').splitlines()[0][:200]}"]
         for name, t in failed.items()
     }
+    lost |= {n: ["not interleaved with the others: measured beside, not judged"] for n in apart}
     if not alive:
         return Decision(track, None, "no candidate measured on this track", [], [], lost)
     some = [n for n in alive if any(m.goodput_rps > 0 for m in by_name[n].levels)]
@@ -177,7 +183,11 @@ def decide(
     ordered = sorted(front, key=rank)
     choice = ordered[0]
     best = rank(choice)
-    tie = f"tied on goodput within SLO ({', '.join(front)}: no decided difference)"
+    tie = (
+        f"tied on goodput within SLO ({', '.join(front)}: no decided difference)"
+        if fewest == 0
+        else f"{', '.join(front)} each beaten at {fewest} load(s): none ahead at every load"
+    )
     for name in ordered[1:]:
         mine = rank(name)
         op = operability_of(name, operability)

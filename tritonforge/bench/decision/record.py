@@ -284,9 +284,10 @@ def render(
     overload_dirs: list[Path],
     notes: list[str],
     sources: list[str],
+    only: list[str] | None = None,
 ) -> str:
     if result is not None:
-        decision = choosing.decide(result, track, candidates, suites)
+        decision = choosing.decide(result, track, candidates, suites, only)
         title = result.contract_name
     else:
         decision = choosing.Decision(
@@ -327,7 +328,9 @@ def main(args: argparse.Namespace) -> int:
     suites = [s for d in args.exit_cost for s in load_dir(d)]
     sources = [_shown(p) for p in [*([args.run] if args.run else []), *args.operability]]
     sources += [_shown(p) for p in [*args.exit_cost, *args.overload]]
-    text = render(args.track, result, candidates, suites, args.overload, args.note, sources)
+    text = render(
+        args.track, result, candidates, suites, args.overload, args.note, sources, args.candidate
+    )
     out = (
         Path(args.out)
         if args.out
@@ -361,6 +364,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="an overload or peers run directory with verdicts.json (repeatable)",
+    )
+    p.add_argument(
+        "--candidate",
+        action="append",
+        help="a run's target to decide among (repeatable; default every target)",
     )
     p.add_argument("--note", action="append", default=[], help="a line for the workload section")
     p.add_argument("--out", help="default perf/decisions/<contract>-<track>.md")
