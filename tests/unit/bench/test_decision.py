@@ -235,5 +235,7 @@ def test_the_record_has_every_section_and_keeps_tracks_apart(tmp_path: Path) -> 
     assert "**a** — the only candidate" in text and "load.rounds=3" in text
     assert "TensorRT-LLM" not in text  # the GPU candidate is in the GPU record only
     assert "json_schema unsupported" in text or "response_format json_schema unsupported" in text
-    gpu = record.render("gpu", None, files["gpu"], [], [], [], [])
+    smoke = REPO_ROOT / "perf" / "contracts" / "smoke.yaml"
+    gpu = record.render("gpu", None, files["gpu"], [], [], [], [], contract=smoke)
     assert "not run here: no GPU" in gpu and "No choice on the gpu track" in gpu
+    assert "- **trt**: not run here: no GPU" in gpu and "not run on this track" in gpu

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from tritonforge.bench import report
+from tritonforge.bench.contract import load_contract
 from tritonforge.bench.decision import choice as choosing
 from tritonforge.bench.decision.operability import Candidate, OperabilityFile, load
 from tritonforge.bench.environment import describe_code, describe_machine
@@ -54,6 +55,22 @@ def workload(result: RunResult, notes: list[str]) -> list[str]:
         "",
         f"Machine: {describe_machine(env.machine)}; code: {describe_code(env)}; model "
         f"`{env.model.name}` sha256 `{env.model.sha256[:16]}…`.",
+        "",
+    ]
+
+
+def contract_workload(path: Path) -> list[str]:
+    """A track with no run: the workload and SLO it is to be decided on, from the contract."""
+    contract, digest = load_contract(path)
+    slo, load = contract.slo, contract.load
+    return [
+        "## Workload and SLO",
+        "",
+        f"Contract `{_shown(path)}` (sha256 `{digest[:12]}`), not run on this track. SLO: "
+        f"TTFT p95 ≤ {slo.ttft_p95_ms:g} ms, TPOT p95 ≤ {slo.tpot_p95_ms:g} ms, errors ≤ "
+        f"{slo.error_budget:.1%}. Load: {load.mode} {', '.join(f'{v:g}' for v in load.levels)}.",
+        "",
+        "Traffic: " + "; ".join(f"{c.name} {c.share:.0%}" for c in contract.traffic.classes),
         "",
     ]
 
@@ -285,6 +302,7 @@ def render(
     notes: list[str],
     sources: list[str],
     only: list[str] | None = None,
+    contract: Path | None = None,
 ) -> str:
     if result is not None:
         decision = choosing.decide(result, track, candidates, suites, only)
@@ -293,7 +311,8 @@ def render(
         decision = choosing.Decision(
             track, None, "no candidate of this track was measured on this machine", []
         )
-        title = "no run"
+        decision.lost = {c.candidate: [f"{c.status}: {c.reason}"] for c in candidates}
+        title = load_contract(contract)[0].name if contract else "no run"
     lines = [
         f"# Decision record: `{title}`, {track.upper()} track",
         "",
@@ -306,6 +325,7 @@ def render(
     if result is not None:
         lines += workload(result, notes) + goodput(result)
     else:
+        lines += contract_workload(contract) if contract else []
         lines += [*notes, ""] if notes else []
     lines += overload(overload_dirs)
     lines += (
@@ -329,15 +349,19 @@ def main(args: argparse.Namespace) -> int:
     sources = [_shown(p) for p in [*([args.run] if args.run else []), *args.operability]]
     sources += [_shown(p) for p in [*args.exit_cost, *args.overload]]
     text = render(
-        args.track, result, candidates, suites, args.overload, args.note, sources, args.candidate
+        args.track,
+        result,
+        candidates,
+        suites,
+        args.overload,
+        args.note,
+        sources,
+        args.candidate,
+        args.contract,
     )
+    name = result.contract_name if result else (args.contract.stem if args.contract else "none")
     out = (
-        Path(args.out)
-        if args.out
-        else REPO_ROOT
-        / "perf"
-        / "decisions"
-        / (f"{result.contract_name if result else 'none'}-{args.track}.md")
+        Path(args.out) if args.out else REPO_ROOT / "perf" / "decisions" / f"{name}-{args.track}.md"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
@@ -364,6 +388,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="an overload or peers run directory with verdicts.json (repeatable)",
+    )
+    p.add_argument(
+        "--contract", type=Path, help="without --run: the contract the track is to be decided on"
     )
     p.add_argument(
         "--candidate",
