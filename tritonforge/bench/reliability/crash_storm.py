@@ -6,7 +6,9 @@ storm looks for the trigger: clients cancel requests at one of several moments, 
 *pattern*, and every crash of the server is recorded with the cancels of each pattern
 issued in the second before it, the server's log lines before it, and its exit cause;
 the server is then started again and the storm goes on, until ``cancels`` cancels or
-``max_crashes`` crashes. The figure is crashes per 1,000 cancels, per pattern.
+``max_crashes`` crashes. The figure is crashes per 1,000 cancels, per pattern. A request
+that has not ended within ``HUNG_AFTER_S`` (no FINAL, no error, the call still open) is
+counted as hung, by pattern and model, with the id it was sent with.
 
 Patterns (gRPC streams unless said otherwise):
 
@@ -23,14 +25,23 @@ Patterns (gRPC streams unless said otherwise):
 
 ``python -m tritonforge.bench.reliability.crash_storm --models vllm_model --cancels 5000``
 writes ``perf/results/crash-storm/<UTC time>/results.json`` and ``report.md``.
+
+``--guarded-inner synthetic_model`` serves a copy of the repository whose ``guarded_chat``
+calls the synthetic engine instead of vLLM: hundreds of BLS calls a second instead of a
+few, the stub's threads at their busiest — the amplifier for a race inside
+``guarded_chat``'s stub. ``--repository`` serves another model repository (for example
+one holding an older ``guarded_chat``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+import re
+import shutil
 import sys
 import time
 from collections import Counter, deque
@@ -40,6 +51,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+import psutil
 
 from tritonforge.bench.reliability.clients import GrpcStream, grpc_request
 from tritonforge.bench.reliability.models import models_to_load
@@ -53,6 +65,12 @@ PATTERNS = ("before_first", "mid_stream", "around_final", "after_final", *HTTP_P
 RESULTS_ROOT = REPO_ROOT / "perf" / "results" / "crash-storm"
 #: A crash is attributed to the cancels issued in this window before it.
 BLAME_WINDOW_S = 1.0
+#: A request still open this long after it was sent has hung.
+HUNG_AFTER_S = 120.0
+
+
+class Hung(Exception):
+    """The request did not end within ``HUNG_AFTER_S``."""
 
 
 def _is_final(message: Any) -> bool:
@@ -70,10 +88,17 @@ def _request(model: str, max_tokens: int, rng: random.Random) -> Any:
     return grpc_request(model, inputs)
 
 
-async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Random) -> bool:
-    """One gRPC stream cancelled at ``pattern``'s moment; False if it ended first."""
+async def _grpc_cancel(
+    pattern: str, channel: Any, model: str, rng: random.Random, request_id: str = ""
+) -> bool:
+    """One gRPC stream cancelled at ``pattern``'s moment; False if it ended first.
+
+    Raises :class:`Hung` when the request had not ended after ``HUNG_AFTER_S``.
+    """
     tokens = {"mid_stream": 64, "around_final": rng.randint(2, 6)}.get(pattern, 32)
-    stream = GrpcStream(channel, _request(model, tokens, rng))
+    request = _request(model, tokens, rng)
+    request.id = request_id
+    stream = GrpcStream(channel, request)
     if pattern == "before_first":
         await asyncio.sleep(rng.uniform(0, 0.005))
         stream.call.cancel()
@@ -81,7 +106,7 @@ async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Rando
     stop_after = {"mid_stream": rng.randint(1, 8), "around_final": tokens - 1}.get(pattern)
     seen = 0
     try:
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(HUNG_AFTER_S):
             async for message in stream.call:
                 if message.error_message:
                     return False
@@ -96,25 +121,34 @@ async def _grpc_cancel(pattern: str, channel: Any, model: str, rng: random.Rando
                         await asyncio.sleep(rng.uniform(0, 0.06))
                     stream.call.cancel()
                     return True
-    except (grpc.aio.AioRpcError, TimeoutError):
+    except grpc.aio.AioRpcError:
         stream.call.cancel()
+    except TimeoutError:
+        stream.call.cancel()
+        raise Hung from None
     return False
 
 
 async def _sse_disconnect(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], rng: random.Random
 ) -> bool:
-    """POST a streamed request to ``url`` and drop the connection after 1-8 events."""
+    """POST a streamed request to ``url`` and drop the connection after 1-8 events.
+
+    Raises :class:`Hung` when the stream had neither ended nor been dropped after
+    ``HUNG_AFTER_S``.
+    """
     events, stop_after = 0, rng.randint(1, 8)
     try:
-        async with asyncio.timeout(120), session.post(url, json=body) as reply:
+        async with asyncio.timeout(HUNG_AFTER_S), session.post(url, json=body) as reply:
             async for line in reply.content:
                 events += line.startswith(b"data: ")
                 if events >= stop_after:
                     reply.close()  # the connection is dropped mid-stream
                     return True
-    except (aiohttp.ClientError, TimeoutError):
+    except aiohttp.ClientError:
         pass
+    except TimeoutError:
+        raise Hung from None
     return False
 
 
@@ -138,6 +172,14 @@ def _sse_target(pattern: str, storm: Storm, model: str) -> tuple[str, dict[str, 
 
 
 @dataclass
+class HungRequest:
+    pattern: str
+    model: str
+    request_id: str
+    seconds_into_storm: float
+
+
+@dataclass
 class Crash:
     at_cancels: int
     cause: str
@@ -157,6 +199,8 @@ class Storm:
     cancels: Counter[str] = field(default_factory=Counter)
     recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=4096))
     crashes: list[Crash] = field(default_factory=list)
+    hung: list[HungRequest] = field(default_factory=list)
+    sent: int = 0  # requests sent, cancelled or not
     serving: asyncio.Event = field(default_factory=asyncio.Event)
     started: float = field(default_factory=time.monotonic)
 
@@ -180,11 +224,20 @@ def log_tail(path: Path | None, lines: int = 60) -> list[str]:
 
 async def _one(storm: Storm, pattern: str, channel: Any, session: aiohttp.ClientSession) -> bool:
     model = storm.rng.choice(storm.models)
-    if pattern in HTTP_PATTERNS:
-        url, body = _sse_target(pattern, storm, model)
-        done = await _sse_disconnect(session, url, body, storm.rng)
-    else:
-        done = await _grpc_cancel(pattern, channel, model, storm.rng)
+    storm.sent += 1
+    request_id = f"storm-{storm.sent}"
+    try:
+        if pattern in HTTP_PATTERNS:
+            url, body = _sse_target(pattern, storm, model)
+            done = await _sse_disconnect(session, url, body, storm.rng)
+        else:
+            done = await _grpc_cancel(pattern, channel, model, storm.rng, request_id)
+    except Hung:
+        if storm.serving.is_set():  # a crash's requests are the crash's, not hangs
+            elapsed = round(time.monotonic() - storm.started, 1)
+            storm.hung.append(HungRequest(pattern, model, request_id, elapsed))
+            print(f"crash storm: {pattern} request {request_id} to {model} hung", file=sys.stderr)
+        return False
     if done and storm.serving.is_set():
         storm.record(pattern)
     return done
@@ -212,6 +265,7 @@ async def _watch(storm: Storm, stop: asyncio.Event) -> None:
     never reaps it and its requests would hang: the server is killed, as the launcher
     does) — record it, start the server again, let the clients go on."""
     seen_dead: set[int] = set()
+    stubs: dict[int, str] = {}  # a stub's model, read while it lives (a zombie has no cmdline)
     while not stop.is_set():
         process, cause = storm.server.process, None
         if process is not None:
@@ -219,15 +273,30 @@ async def _watch(storm: Storm, stop: asyncio.Event) -> None:
             if code is not None:
                 cause = exit_cause(code)
             else:
+                stub_models(process.pid, stubs)
                 dead = dead_children(process.pid)
                 if still := dead & seen_dead:
-                    cause = f"{STUB_DIED} (pid {', '.join(map(str, sorted(still)))})"
+                    which = ", ".join(f"{pid} {stubs.get(pid, '?')}" for pid in sorted(still))
+                    cause = f"{STUB_DIED} (pid {which})"
                     process.kill()
                 seen_dead = dead
         if cause is not None:
             await _record_and_restart(storm, cause)
             seen_dead = set()
+            stubs = {}
         await asyncio.sleep(0.1)
+
+
+def stub_models(server_pid: int, known: dict[int, str]) -> None:
+    """Add the model each new python-backend stub of the server serves (from its
+    command line: the model's ``model.py`` path) to ``known``."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(server_pid).children():
+            if child.pid in known:
+                continue
+            with contextlib.suppress(psutil.Error):
+                paths = [Path(a) for a in child.cmdline()[1:2] if a.endswith(".py")]
+                known[child.pid] = paths[0].parent.parent.name if paths else child.name()
 
 
 async def _record_and_restart(storm: Storm, cause: str) -> None:
@@ -286,9 +355,15 @@ def rates(storm: Storm) -> dict[str, Any]:
         for p, n in sorted(storm.cancels.items())
     }
     overall = round(1000 * len(storm.crashes) / total, 3) if total else None
-    return {"cancels": total, "crashes": len(storm.crashes), "per_1000": overall} | {
-        "by_pattern": per_pattern
-    }
+    hung = Counter(f"{h.pattern} {h.model}" for h in storm.hung)
+    return {
+        "cancels": total,
+        "requests_sent": storm.sent,
+        "crashes": len(storm.crashes),
+        "per_1000": overall,
+        "hung": len(storm.hung),
+        "hung_by_pattern_and_model": dict(sorted(hung.items())),
+    } | {"by_pattern": per_pattern}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -302,7 +377,9 @@ def report(result: dict[str, Any]) -> str:
         f"Models: {', '.join(result['models'])}; concurrency {result['concurrency']}; "
         f"server: {result['tritonserver']}.",
         f"**{figures['crashes']} crash(es) in {figures['cancels']} cancels** "
-        f"({figures['per_1000']} per 1,000).",
+        f"({figures['per_1000']} per 1,000); "
+        f"**{figures.get('hung', 0)} request(s) hung** (no end within {HUNG_AFTER_S:g} s) "
+        f"of {figures.get('requests_sent', '?')} sent.",
         "",
         "| pattern | cancels | crashes with it in the last second | per 1,000 |",
         "|---|---|---|---|",
@@ -312,6 +389,13 @@ def report(result: dict[str, Any]) -> str:
             f"| {pattern} | {row['cancels']} | {row['crashes_with_it_in_window']} | "
             f"{row['per_1000']} |"
         )
+    if result.get("hung"):
+        lines += ["", "## Hung requests", ""]
+        lines += [
+            f"- {h['pattern']} to {h['model']}, id {h['request_id']}, sent "
+            f"{h['seconds_into_storm'] - HUNG_AFTER_S:.0f} s into the storm"
+            for h in result["hung"]
+        ]
     for i, crash in enumerate(result["crashes"], 1):
         lines += [
             "",
@@ -326,16 +410,40 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def storm_models(models: list[str]) -> list[str]:
+def storm_models(models: list[str], repository: Path = MODEL_REPOSITORY) -> list[str]:
     """What the server must load for ``models``: an ensemble's steps, and the models
     guarded_chat calls (its BLS calls the guard and the model its ``llm_model`` names)."""
     from tritonforge.repo import pbtxt
 
     needed = list(models)
     if "guarded_chat" in models:
-        config = pbtxt.read(MODEL_REPOSITORY / "guarded_chat" / "config.pbtxt")
+        config = pbtxt.read(repository / "guarded_chat" / "config.pbtxt")
         needed += ["guard", config.parameters["llm_model"].string_value]
-    return models_to_load(needed)
+    return models_to_load(needed, repository)
+
+
+def guarded_over(inner: str, source: Path, out: Path) -> Path:
+    """A repository like ``source`` whose ``guarded_chat`` (copied) calls ``inner``;
+    the other models are links to ``source``'s."""
+    repository = out / "repository"
+    repository.mkdir()
+    for model in sorted(source.iterdir()):
+        if model.name != "guarded_chat" and (model / "config.pbtxt").exists():
+            (repository / model.name).symlink_to(model.resolve())
+    guarded = repository / "guarded_chat"
+    shutil.copytree(
+        (source / "guarded_chat").resolve(), guarded, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    config = guarded / "config.pbtxt"
+    text, count = re.subn(
+        r'(key: "llm_model" value: \{ string_value: )"[^"]*"',
+        lambda m: f'{m.group(1)}"{inner}"',
+        config.read_text(),
+    )
+    if count != 1:
+        raise ValueError(f"{config}: no llm_model parameter to point at {inner}")
+    config.write_text(text)
+    return repository
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -348,6 +456,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose-log", action="store_true", help="tritonserver --log-verbose=1")
+    parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
+    parser.add_argument(
+        "--guarded-inner", metavar="MODEL", help="serve guarded_chat over MODEL (a copy)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS_ROOT)
     return parser
 
@@ -362,8 +474,14 @@ def main(argv: list[str] | None = None) -> int:
     stamp = out.name
     env = capture(ensure_default_model(quiet=True), code)
     extra = ["--log-verbose=1"] if args.verbose_log else []
+    repository = args.repository
+    if args.guarded_inner:
+        repository = guarded_over(args.guarded_inner, repository, out)
     server = TritonServer.on_free_ports(
-        models=storm_models(args.models), log_path=out / "server.log", extra_args=extra
+        models=storm_models(args.models, repository),
+        repository=repository,
+        log_path=out / "server.log",
+        extra_args=extra,
     )
     frontend = None
     if "openai_disconnect" in args.patterns:
@@ -400,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         "tritonserver": env.tritonserver,
         "rates": rates(storm),
         "crashes": [vars(c) for c in storm.crashes],
+        "hung": [vars(h) for h in storm.hung],
         "seconds": round(time.monotonic() - storm.started, 1),
         "environment": env.model_dump(),
     }
