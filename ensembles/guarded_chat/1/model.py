@@ -1,14 +1,20 @@
-"""guarded_chat: a decoupled BLS model binding :mod:`tritonforge.pipelines.guarded_chat` to Triton.
+"""guarded_chat: a decoupled model binding :mod:`tritonforge.pipelines.guarded_chat` to Triton.
 
 ``execute`` validates each request (errors name the field), then serves it on its own
-thread and returns at once: a BLS call to the decoupled ``vllm_model`` blocks while it
-streams (in 24.10 even ``async_exec`` hands back a plain iterator), so running it on
-Triton's thread would serialise all clients. ``finalize`` cancels what is in flight
-through the :class:`~tritonforge.serving.cancellation.CancelBoard` and waits for every thread,
-so an unload returns promptly and leaves no BLS request behind.
+thread and returns at once: the inner LLM's stream blocks the thread that reads it, so
+reading it on Triton's thread would serialise all clients. The inner request goes to
+``vllm_model`` over the server's own gRPC port (:mod:`tritonforge.triton.inner_stream`),
+not through python_backend's BLS, which 24.10 cannot run from several threads: its
+iterators deadlock the stub and free response tensors without the GIL. ``finalize``
+cancels what is in flight through the :class:`~tritonforge.serving.cancellation.CancelBoard`
+and waits for every thread, so an unload returns promptly and leaves no inner request
+behind.
 
-Triton 2.51 workarounds W1 (the board) and W4 (a thread per request), see
-docs/triton-2.51-workarounds.md.
+Only the outputs a client asked for are built: python_backend 24.10 drops the others
+from a response inside ``send()``, after releasing the GIL.
+
+Triton 2.51 workarounds W1 (the board), W4 (a thread per request) and W17 (no BLS from
+threads), see docs/triton-2.51-workarounds.md.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import threading
 from typing import Any
 
@@ -33,9 +40,26 @@ from tritonforge.pipelines.guarded_chat import (
 from tritonforge.serving.cancellation import CancelBoard
 from tritonforge.serving.errors import EngineBusy, RequestError
 from tritonforge.serving.tracing import TRACEPARENT
+from tritonforge.triton.inner_stream import InnerStreams, server_grpc_url
 from tritonforge.triton.model import traceparent_of, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: A request error's message: the field's path, then the rule it broke.
+_FIELD_ERROR = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)*: ")
+
+
+def _code_of(message: str) -> int | None:
+    """The Triton error code of an inner error, read from its message.
+
+    A gRPC stream's error carries no code, only the message the inner model's runtime
+    made (``triton_error``): a request error names its field first
+    (``text_input: prompt is …``), a busy or unavailable engine says so.
+    """
+    if _FIELD_ERROR.match(message):
+        return pb_utils.TritonError.INVALID_ARG
+    if any(word in message.lower() for word in ("is busy", "unavailable", "deadline")):
+        return pb_utils.TritonError.UNAVAILABLE
+    return None
 
 
 def _error(exc: BaseException) -> Any:
@@ -53,20 +77,24 @@ class _Outbox:
     Exactly one FINAL per request, and nothing after it (python_backend 24.10 deletes
     the response factory on FINAL; Triton keeps the model UNLOADING until every request
     has had one): a failed final send still sends a bare FINAL.
+
+    Only the outputs the client requested go into a response: python_backend 24.10
+    prunes the rest inside ``send()`` after releasing the GIL, and a pruned tensor's
+    numpy arrays would be freed there, without it (W17).
     """
 
-    def __init__(self, sender: Any, request_id: str) -> None:
+    def __init__(self, sender: Any, request_id: str, requested: set[str]) -> None:
         self._sender = sender
         self._request_id = request_id
+        self._requested = requested  # Triton fills in every output when a client names none
         self._closed = False
 
-    @staticmethod
-    def _response(tensors: dict[str, np.ndarray] | None, error: Exception | None) -> Any:
+    def _response(self, tensors: dict[str, np.ndarray] | None, error: Exception | None) -> Any:
         if error is not None:
             return pb_utils.InferenceResponse(error=_error(error))
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(k, v) for k, v in (tensors or {}).items()]
-        )
+        wanted = (tensors or {}).items()
+        outputs = [pb_utils.Tensor(k, v) for k, v in wanted if k in self._requested]
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def send(self, tensors: dict[str, np.ndarray]) -> None:
         if not self._closed:
@@ -106,54 +134,44 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Thread] = {}
         self._closing = False
+        self.inner = InnerStreams(server_grpc_url())  # Triton 2.51 workaround W17
 
-    # --- the BLS call --------------------------------------------------------------
+    # --- the inner call ------------------------------------------------------------
 
     def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str, traceparent: str | None):
         """The inner request, in the client request's trace: ``traceparent`` (Triton's span
         of this model, else the client's parameter) goes as the inner request's parameter.
 
-        Not as Triton's trace object (``trace=request.trace()``): the call runs on a thread
-        after ``execute`` returned, and Triton 2.51 was seen to crash (SIGSEGV in
-        ``TRITONSERVER_ServerInferAsync``) spawning a child of the released request's trace.
+        Between responses, an empty event every poll interval lets the run see its
+        client's cancellation while the inner model is silent (queued, prefilling).
         """
         relayed = [name for name in RELAYED_RETURNS if f"return_{name}" in tensors]
-        extra = {"parameters": {TRACEPARENT: traceparent}} if traceparent else {}
-        request = pb_utils.InferenceRequest(
-            model_name=self.inner_model,
-            inputs=[pb_utils.Tensor(name, array) for name, array in tensors.items()],
-            requested_output_names=["text_output", *relayed],
-            request_id=request_id,
-            **extra,
+        parameters = {TRACEPARENT: traceparent} if traceparent else {}
+        responses = self.inner.stream(
+            self.inner_model, tensors, ["text_output", *relayed], request_id, parameters
         )
-        for response in request.exec(decoupled=True):
-            if response.has_error():
-                error = response.error()
-                yield InnerEvent(error=error.message(), code=error.code())
-                continue
-            outputs = {
-                name: tensor.as_numpy().reshape(-1)
-                for name in ("text_output", *relayed)
-                if (tensor := pb_utils.get_output_tensor_by_name(response, name)) is not None
-            }
-            if not outputs:
-                continue  # a bare final flag
-            text = outputs.get("text_output")
-            reason = outputs.get("finish_reason")
-            prompt_tokens = outputs.get("num_input_tokens")
-            output_tokens = outputs.get("num_output_tokens")
-            yield InnerEvent(
-                text=b"".join(text).decode("utf-8") if text is not None and text.size else "",
-                finish_reason=b"".join(reason).decode() if reason is not None else None,
-                num_input_tokens=int(prompt_tokens[0]) if prompt_tokens is not None else None,
-                num_output_tokens=int(output_tokens.sum()) if output_tokens is not None else None,
-            )
+        for response in responses:
+            if response is None:
+                yield InnerEvent()  # nothing yet: a chance to look at the client
+            elif response.error is not None:
+                yield InnerEvent(error=response.error, code=_code_of(response.error))
+            elif response.text is not None or response.num_output_tokens is not None:
+                yield InnerEvent(
+                    text=response.text or "",
+                    finish_reason=response.finish_reason,
+                    num_input_tokens=response.num_input_tokens,
+                    num_output_tokens=response.num_output_tokens,
+                )
 
     # --- Triton entry points -------------------------------------------------------
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            outbox = _Outbox(request.get_response_sender(), request.request_id())
+            outbox = _Outbox(
+                request.get_response_sender(),
+                request.request_id(),
+                set(request.requested_output_names()),
+            )
             try:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 raw = request.parameters()
@@ -210,3 +228,4 @@ class TritonPythonModel:
         for thread in inflight.values():
             thread.join(timeout=20)
         self.board.tidy()
+        self.inner.close()
