@@ -265,7 +265,7 @@ def test_carried_over_counts_the_openai_requests_that_had_sent_nothing_at_the_ki
     from tritonforge.bench.reliability.kill_storm import carried_over
 
     deadline = "HTTP 503: tritonserver restarted (it stopped while"
-    restarted = "HTTP 200: stream error tritonserver restarted after this stream"
+    restarted = "HTTP 200: stream error tritonserver restarted after this"  # as error_kind cuts it
     records = [
         Ended("openai_single", "m", "answered", 90, 140, first_at=140),  # carried over
         Ended("openai_stream", "m", "answered", 95, 141, first_at=135),  # resent stream
@@ -327,3 +327,42 @@ def test_crashes_leave_out_the_storms_own_kill() -> None:
     }
     found = crashes({"SIGKILL": 1.0, "model stub died": 2.0, "SIGSEGV": 1.0}, True, 3)
     assert found["stub_aborts"] == 2 and found["tritonserver_crashes"] == 1
+
+
+def test_the_restart_errors_are_recognised_in_the_kinds_the_storm_keeps() -> None:
+    from tritonforge.bench.reliability.kill_storm import restart_error
+    from tritonforge.openai.carry_over import (
+        CarryOverSettings,
+        Clock,
+        restart_deadline_passed,
+        stream_restarted,
+        waiting_room_full,
+    )
+
+    d = _draws(1)[0]
+    clock, settings = Clock(timeout_s=5), CarryOverSettings()
+    assert [
+        restart_error(
+            error_kind(f"HTTP 503: {restart_deadline_passed('m', clock, settings).message}", d)
+        ),
+        restart_error(error_kind(f"HTTP 503: {waiting_room_full(8).message}", d)),
+        restart_error(error_kind(f"HTTP 200: stream error {stream_restarted(3).message}", d)),
+    ] == ["deadline passed", "waiting room full", "started stream ended"]
+
+
+def test_rss_is_judged_per_window_around_the_outage() -> None:
+    from tritonforge.bench.reliability.kill_storm import rss_figures
+
+    state = _state([], 0, {})
+    state.kill |= {"killed_at_s": 300.0, "serving_again_at_s": 340.0}
+    mib = 2**20
+    frontend = [(t, 100 * mib) for t in range(60, 300, 20)]  # flat before the kill
+    frontend += [(320, 108 * mib)]  # the outage holds the waiting requests
+    frontend += [(t, 105 * mib) for t in range(340, 600, 20)]  # flat after it
+    state.rss = [
+        {"t": t, "frontend": v, "launcher": mib, "tritonserver_group": None} for t, v in frontend
+    ]
+    found = rss_figures(state)["frontend"]
+    assert found["growth_after_warmup_pct"] == 5.0
+    assert found["growth_in_windows_pct"] == {"before_kill": 0.0, "after_serving_again": 0.0}
+    assert found["growth_judged_pct"] == 0.0
