@@ -88,11 +88,11 @@ def test_default_max_tokens_tells_a_bound_from_an_unbounded_stream() -> None:
         return chunks(["1", "2"], "length")
 
     assert checks.default_max_tokens(Replay(bounded), SUITE).behaviour == {
-        "default_bound": "bounded at 2 tokens"
+        "default_bound": "bounded (finish_reason length after 2 chunks)"
     }
     endless = Reply(200, events=[chunks(["n"], None).events[0]] * 5, cut=True)
     result = checks.default_max_tokens(Replay(lambda *_: endless), SUITE)
-    assert result.behaviour == {"default_bound": "unbounded past 4 tokens"}
+    assert result.behaviour == {"default_bound": "no bound within 4 chunks"}
     stopped = checks.default_max_tokens(Replay(lambda *_: chunks(["a"], "stop")), SUITE)
     assert stopped.behaviour["default_bound"] == "not seen (the model stopped first)"
 

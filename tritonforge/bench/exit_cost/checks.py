@@ -133,12 +133,6 @@ def chat_template(t: Transport, suite: Suite) -> CheckResult:
     )
 
 
-def _text_of(events: list[dict[str, Any]]) -> str:
-    return "".join(
-        (c.get("delta") or {}).get("content") or "" for e in events for c in e.get("choices") or []
-    )
-
-
 def _finish(events: list[dict[str, Any]]) -> str | None:
     reasons = [c.get("finish_reason") for e in events for c in e.get("choices") or []]
     return next((r for r in reversed(reasons) if r), None)
@@ -159,10 +153,12 @@ def default_max_tokens(t: Transport, suite: Suite) -> CheckResult:
     )
     finish = _finish(reply.events)
     evidence = {"content_chunks": chunks, "finish_reason": finish, "cut_by_client": reply.cut}
+    # Chunks, not tokens: a server may send several tokens a chunk; the bound's kind is
+    # what an application relies on, the count is evidence.
     if finish == "length":
-        bound = f"bounded at {chunks} tokens"
+        bound = f"bounded (finish_reason length after {chunks} chunks)"
     elif finish is None and reply.cut:
-        bound = f"unbounded past {suite.probe_tokens} tokens"
+        bound = f"no bound within {suite.probe_tokens} chunks"
     elif finish == "stop":
         bound = "not seen (the model stopped first)"
     else:
