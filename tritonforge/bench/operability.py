@@ -197,7 +197,8 @@ async def stream(http: httpx.AsyncClient, subject: Subject, i: int, state: Strea
                 state.error = f"HTTP {reply.status_code}"
                 return
             async for line in reply.aiter_lines():
-                state.last_byte = time.monotonic()
+                if line.startswith("data: "):  # not a keep-alive comment
+                    state.last_byte = time.monotonic()
                 if line == "data: [DONE]":
                     state.done = True
                 elif line.startswith("data: "):
@@ -208,8 +209,8 @@ async def stream(http: httpx.AsyncClient, subject: Subject, i: int, state: Strea
                         state.tokens += 1
             if not state.done and state.error is None:
                 state.error = "stream ended without [DONE]"
-    except httpx.ReadTimeout:
-        pass  # STALL_S without a byte: the request hangs (no error, no end)
+    except (httpx.ReadTimeout, asyncio.CancelledError):
+        pass  # STALL_S without an event: the request hangs (no error, no end)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         state.error = type(exc).__name__
 
@@ -231,6 +232,12 @@ async def under_load(
             await asyncio.sleep(0.05)
         acted = act()
         followed = asyncio.create_task(asyncio.to_thread(after, states))
+        while not all(task.done() for task in tasks):
+            # a stream whose last event is older than STALL_S hangs: its client gives up
+            for task, state in zip(tasks, states, strict=True):
+                if not task.done() and time.monotonic() - state.last_byte > STALL_S:
+                    task.cancel()
+            await asyncio.sleep(0.5)
         await asyncio.gather(*tasks, return_exceptions=True)
         return states, acted, await followed
 
@@ -639,7 +646,7 @@ def main(args: argparse.Namespace) -> int:
     if args.install:
         logs = out / "install"
         logs.mkdir(exist_ok=True)
-        for key in sorted({CARDS[n].install for n in names}):
+        for key in sorted({CARDS[n].install for n in names} or set(INSTALL)):
             workdir = args.install / key
             workdir.mkdir(parents=True)
             try:
