@@ -163,9 +163,14 @@ class Subject:
         raise RuntimeError(f"{self.name} not serving in 900 s")
 
     def kill(self) -> None:
-        """Everything it started, at once (its own process group)."""
+        """Everything it started: its descendants (a launcher starts its servers in
+        sessions of their own), then its process group."""
         if self.process is None:
             return
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
