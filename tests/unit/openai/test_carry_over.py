@@ -37,14 +37,17 @@ def _down() -> OpenAIError:
 class Restarting(FakeGateway):
     """A fake Triton whose model is ready again (or never) after its outage."""
 
-    def __init__(self, *scripts: list[ModelOutput | OpenAIError], ready: bool = True) -> None:
+    def __init__(
+        self, *scripts: list[ModelOutput | OpenAIError], ready: bool = True, down_polls: int = 0
+    ) -> None:
         super().__init__(*scripts)
         self.ready = ready
+        self.down_polls = down_polls  # polls answered "not ready" before the model is back
         self.polls = 0
 
     async def model_ready(self, model: str) -> bool:
         self.polls += 1
-        return self.ready
+        return self.ready and self.polls > self.down_polls
 
 
 def _client(gateway: FakeGateway, **settings: float) -> TestClient:
@@ -173,12 +176,12 @@ def test_waiters_share_one_poll_and_a_cancelled_one_leaves_the_others_waiting() 
 
 def test_a_non_streamed_request_is_answered_once_by_its_resend() -> None:
     lost = [ModelOutput("Hal", "None", 4, 1), _down()]  # part-generated when Triton died
-    gateway = Restarting(lost, deltas())
+    gateway = Restarting(lost, deltas(), down_polls=1)  # down for one poll (0.01 s) at least
     body = {"model": "llm", "messages": USER, "timeout_s": 60}
     reply = _client(gateway).post("/v1/chat/completions", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "Hello"  # the resend's alone
-    assert len(gateway.sent) == 2 and gateway.polls >= 1
+    assert len(gateway.sent) == 2 and gateway.polls == 2
     assert gateway.sent[0]["timeout_s"] == 60
     assert 0 < gateway.sent[1]["timeout_s"] < 60  # the deadline from the first arrival
 
