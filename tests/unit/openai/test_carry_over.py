@@ -15,7 +15,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.openai.test_openai_translate import FakeGateway, deltas, sse_events
+from tests.unit.openai.test_openai_translate import FakeGateway, FakeStream, deltas, sse_events
+from tritonforge.openai import request_context
 from tritonforge.openai.app import create_app
 from tritonforge.openai.carry_over import (
     CarryOver,
@@ -25,7 +26,7 @@ from tritonforge.openai.carry_over import (
     timeout_of,
 )
 from tritonforge.openai.errors import TRITON_DOWN_RETRY_AFTER_S, OpenAIError, unreachable
-from tritonforge.openai.translate import ModelOutput
+from tritonforge.openai.translate import ModelOutput, TritonRequest
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -44,10 +45,16 @@ class Restarting(FakeGateway):
         self.ready = ready
         self.down_polls = down_polls  # polls answered "not ready" before the model is back
         self.polls = 0
+        self.ids: list[str | None] = []
 
     async def model_ready(self, model: str) -> bool:
         self.polls += 1
         return self.ready and self.polls > self.down_polls
+
+    def stream(self, model: str, request: TritonRequest) -> FakeStream:
+        context = request_context.current()  # what the real gateway sends as Triton's id
+        self.ids.append(context.request_id if context else None)
+        return super().stream(model, request)
 
 
 def _client(gateway: FakeGateway, **settings: float) -> TestClient:
@@ -178,8 +185,11 @@ def test_a_non_streamed_request_is_answered_once_by_its_resend() -> None:
     lost = [ModelOutput("Hal", "None", 4, 1), _down()]  # part-generated when Triton died
     gateway = Restarting(lost, deltas(), down_polls=1)  # down for one poll (0.01 s) at least
     body = {"model": "llm", "messages": USER, "timeout_s": 60}
-    reply = _client(gateway).post("/v1/chat/completions", json=body)
+    headers = {"X-Request-Id": "carried-1"}
+    reply = _client(gateway).post("/v1/chat/completions", json=body, headers=headers)
     assert reply.status_code == 200, reply.text
+    assert reply.headers["x-request-id"] == "carried-1"
+    assert gateway.ids == ["carried-1", "carried-1"]  # the resend keeps the Triton id
     assert reply.json()["choices"][0]["message"]["content"] == "Hello"  # the resend's alone
     assert len(gateway.sent) == 2 and gateway.polls == 2
     assert gateway.sent[0]["timeout_s"] == 60
