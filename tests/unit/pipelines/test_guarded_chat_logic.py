@@ -140,6 +140,24 @@ def test_client_cancel_marks_the_board_and_drains_the_inner_stream(board) -> Non
     assert not board.is_cancelled("rid-1")  # the mark is cleared afterwards
 
 
+def test_a_cancel_while_the_inner_model_is_silent_ends_the_request_once(board) -> None:
+    """The inner stream's empty events (nothing arrived yet) are where the run looks at
+    its client: a request whose inner model never answers still ends when cancelled."""
+    outbox = FakeOutbox()
+    polls: list[bool] = []
+
+    def silent(tensors, request_id):
+        while not board.is_cancelled(request_id):  # a callee queued, prefilling, stuck
+            polls.append(True)
+            if len(polls) == 3:
+                outbox.cancel_after = 0  # the client goes away meanwhile
+            yield InnerEvent()
+
+    assert _chat("hi", board).run(silent, outbox) == "cancelled"
+    assert outbox.sent == [] and isinstance(outbox.final[1], ClientCancelled)
+    assert len(polls) == 3  # seen at the first empty event after the cancel
+
+
 def test_sampling_parameters_merge_request_parameters_and_tensor() -> None:
     merged = sampling_json({"max_tokens": 5, "timeout": 3}, '{"temperature": 0}')
     assert json.loads(merged) == {"max_tokens": 5, "temperature": 0}
