@@ -192,7 +192,10 @@ def test_the_record_has_every_section_and_keeps_tracks_apart(tmp_path: Path) -> 
     run_dir.mkdir()
     (run_dir / "results.json").write_text(result.model_dump_json())
     files = {
-        "cpu": [operability("a", upgrade={"pins": ["requirements/serve.lock"], "rollback": ["x"]})],
+        "cpu": [
+            operability("a", upgrade={"pins": ["requirements/serve.lock"], "rollback": ["x"]}),
+            Candidate(candidate="sglang", runtime="SGLang", status="failed", reason="no kernels"),
+        ],
         "gpu": [
             Candidate(
                 candidate="trt", runtime="TensorRT-LLM", status="not run here", reason="no GPU"
@@ -233,6 +236,8 @@ def test_the_record_has_every_section_and_keeps_tracks_apart(tmp_path: Path) -> 
     ):
         assert heading in text
     assert "**a** — the only candidate" in text and "load.rounds=3" in text
+    assert "| b | 1 | 2.00, 1.91, 2.20 | met |" in text  # a over b, round by round
+    assert "- **sglang**: failed: no kernels" in text  # a candidate that never ran lost too
     assert "TensorRT-LLM" not in text  # the GPU candidate is in the GPU record only
     assert "json_schema unsupported" in text or "response_format json_schema unsupported" in text
     smoke = REPO_ROOT / "perf" / "contracts" / "smoke.yaml"

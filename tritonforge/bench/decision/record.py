@@ -218,7 +218,32 @@ def exit_cost_section(suites: list[SuiteResult], chosen: str | None) -> list[str
     return [*lines, ""]
 
 
-def decision_section(decision: choosing.Decision) -> list[str]:
+def head_to_head_table(result: RunResult, decision: choosing.Decision) -> list[str]:
+    """The choice against each other candidate at each load: per-round goodput ratios and
+    the verdict (the choice ahead in every round: met)."""
+    chosen = result.target(decision.choice) if decision.choice else None
+    if chosen is None:
+        return []
+    others = [result.target(n) for n in decision.front + list(decision.lost)]
+    lines = [
+        f"{chosen.name}'s goodput within SLO over each other's, per paired round:",
+        "",
+        "| against | load | per round | verdict |",
+        "|---|---:|---|---|",
+    ]
+    for other in others:
+        if other is None or other is chosen or not other.levels or not other.interleaved:
+            continue
+        for level in sorted(set(chosen.measured_levels()) & set(other.measured_levels())):
+            beat = choosing.head_to_head(result, chosen, other, level)
+            per_round = ", ".join(f"{r:.2f}" for r in beat.ratios) or "–"
+            lines.append(
+                f"| {other.name} | {level:g} | {per_round} | {report._verdict(beat.verdict)} |"
+            )
+    return [*lines, ""]
+
+
+def decision_section(decision: choosing.Decision, result: RunResult | None) -> list[str]:
     lines = ["## Choice", ""]
     if decision.choice is None:
         lines += [f"No choice on the {decision.track} track: {decision.why}.", ""]
@@ -227,7 +252,8 @@ def decision_section(decision: choosing.Decision) -> list[str]:
     if decision.lost:
         lines += ["Why each other candidate lost:" if decision.choice else "Per candidate:", ""]
         lines += [f"- **{name}**: " + " ".join(why) for name, why in decision.lost.items()]
-    return [*lines, ""]
+        lines.append("")
+    return [*lines, *(head_to_head_table(result, decision) if result else [])]
 
 
 def cost_section(
@@ -274,7 +300,7 @@ def triggers(result: RunResult | None) -> list[str]:
         return [*lines, "- a machine of this track is available to measure on", ""]
     env, c = result.environment, result.contract
     slo = c["slo"]
-    versions = ", ".join(f"{k} {v}" for k, v in env.serving_versions.items())
+    versions = ", ".join(f"{k} {v}" for k, v in env.serving_versions.items()) or "–"
     shares = ", ".join(f"{k['name']} {k['share']:.0%}" for k in c["traffic"]["classes"])
     lines += [
         f"- the model or its quantization changes (decided on `{env.model.name}`, sha256 "
@@ -307,6 +333,12 @@ def render(
     if result is not None:
         decision = choosing.decide(result, track, candidates, suites, only)
         title = result.contract_name
+        in_run = {t.name for t in result.targets}
+        decision.lost |= {
+            c.candidate: [f"{c.status}: {c.reason}"]
+            for c in candidates
+            if c.status != "measured" and not in_run & set(c.target_names())
+        }
     else:
         decision = choosing.Decision(
             track, None, "no candidate of this track was measured on this machine", []
@@ -332,7 +364,7 @@ def render(
         operability_table(candidates) if candidates else ["## Operability", "", "Not measured.", ""]
     )
     lines += exit_cost_section(suites, decision.choice)
-    lines += decision_section(decision)
+    lines += decision_section(decision, result)
     lines += cost_section(decision, candidates, suites)
     lines += rollback_section(decision, candidates)
     lines += triggers(result)
