@@ -1,4 +1,4 @@
-"""guard and guarded_chat on the session's real server (real vllm_model behind the BLS)."""
+"""guard and guarded_chat on the session's real server (real vllm_model behind it)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import (
     LONG_GREEDY,
+    Hold,
     bool_input,
     bytes_input,
     control_model,
@@ -189,6 +190,29 @@ def test_client_cancel_cancels_the_inner_request(server) -> None:
     wait_for(lambda: _cancelled(server) == before + 1, what="vllm_model to count it cancelled")
     wait_for(lambda: _running(server) == 0, what="the engine's running count to return to 0")
     assert _ready(server, "guarded_chat")
+
+
+def test_concurrent_requests_and_cancels_all_end(server) -> None:
+    """Eight requests at once, four cancelled after their first response: every one ends
+    and the pipeline answers after them. The inner calls of several requests overlap; over
+    python_backend's BLS that deadlocked the stub (W17), and every request then hung."""
+    sampling = {**GREEDY, "max_tokens": 24}
+    holds = [
+        Hold(server.grpc_url, "guarded_chat", inputs=_chat(f"Tell story {i}.", sampling))
+        for i in range(8)
+    ]
+    try:
+        for hold in holds[:4]:
+            hold.wait_responses(1)
+            hold.cancel()
+        for hold in holds[4:]:
+            hold.wait_end()
+            assert hold.error is None and hold.responses >= 1
+    finally:
+        for hold in holds:
+            hold.cancel()
+    again = stream(server.grpc_url, "guarded_chat", _chat("Say hi.", {**GREEDY, "max_tokens": 4}))
+    assert again.error is None and again.text
 
 
 def _stubs(server, model: str) -> list:
