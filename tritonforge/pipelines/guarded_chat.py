@@ -1,6 +1,6 @@
 """The guarded chat pipeline, without Triton types: guard in → LLM stream → guard out.
 
-The Triton model (``ensembles/guarded_chat/1/model.py``) binds this to BLS calls and a
+The Triton model (``ensembles/guarded_chat/1/model.py``) binds this to an inner gRPC stream and a
 response sender; everything that decides what the client sees lives here so it is
 unit-tested with fakes. One :class:`GuardedChat` run serves one client request on its
 own thread: it redacts the prompt, streams the inner model's text through a
@@ -8,10 +8,10 @@ own thread: it redacts the prompt, streams the inner model's text through a
 error or a client cancellation into exactly one final response.
 
 The inner stream is always drained to its end, cancelled or not — after the client's
-final response has gone out. A BLS response iterator abandoned half-way leaves the
-callee's responses queued in the python backend's stub process, and that once made an
-unload hang; draining costs at most the callee's reaction time to the cancellation (one
-poll interval of its runtime).
+final response has gone out, so the inner request has ended before the run does and
+nothing of it is left queued (W3); draining costs at most the callee's reaction time to
+the cancellation (one poll interval of its runtime). An empty event from
+the inner call (nothing arrived yet) is where a run looks at its client meanwhile.
 
 Triton 2.51 workarounds W1 and W3, see docs/triton-2.51-workarounds.md.
 """
@@ -297,7 +297,7 @@ class GuardedChat:
         try:
             events = iter(inner(self.inputs.tensors, self.request_id))
             return self._relay(events, outbox)
-        except Exception as exc:  # the BLS call itself failed (callee not loaded, …)
+        except Exception as exc:  # the inner call itself failed (callee not loaded, …)
             why = str(exc) or type(exc).__name__
             outbox.close(None, InnerError(f"{self.inner_name}: {why}", None))
             return "failed"
