@@ -36,6 +36,9 @@ from tritonclient.utils import np_to_triton_dtype
 
 #: Triton's defaults when its command line does not name them.
 DEFAULT_GRPC_PORT = 8001
+#: The response parameter Triton sets on a stream's last response (a transport flag, not
+#: one of the models' parameters).
+FINAL_FLAG = "triton_final_response"
 
 
 def server_grpc_url(pid: int | None = None, proc: Path = Path("/proc")) -> str:
@@ -92,7 +95,7 @@ def _response(message: Any) -> InnerResponse:
             found[tensor.name] = b"".join(_elements(raw)).decode("utf-8")
         elif tensor.name in ("num_input_tokens", "num_output_tokens"):
             found[tensor.name] = sum(struct.unpack(f"<{len(raw) // 4}I", raw))
-    final = response.parameters.get("triton_final_response")
+    final = response.parameters.get(FINAL_FLAG)
     return InnerResponse(**found, final=bool(final is not None and final.bool_param))
 
 
@@ -149,7 +152,7 @@ class InnerStreams:
             )
         for key, value in (parameters or {}).items():
             request.parameters[key].string_param = value
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        request.parameters["triton_enable_empty_final_response"].bool_param = True  # see FINAL_FLAG
         done = threading.Event()
 
         def requests() -> Iterator[Any]:
