@@ -195,6 +195,9 @@ class TritonChannel:
             self._sender.send(flags=flags)
             return
         try:
+            # ``outputs`` keeps every tensor referenced until send() returns: 24.10 drops
+            # outputs the client did not request inside send(), without the GIL, and must
+            # not free them there (Triton 2.51 workaround W17).
             self._sender.send(response, flags=flags)
             if fresh:
                 self._cache.keep(fresh)
