@@ -39,10 +39,21 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tritonforge.serving.admission import SloUnattainable
@@ -63,18 +74,20 @@ SAMPLING_ENV = "TRITONFORGE_TRACE_SAMPLING"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
-#: The trace context of the traced request an engine call serves (its task's context).
-_ENGINE_TRACEPARENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "tritonforge_engine_traceparent", default=None
+#: The root span of the traced request an engine call serves (its task's context).
+_ENGINE_TRACE: contextvars.ContextVar[SpanContext | None] = contextvars.ContextVar(
+    "tritonforge_engine_trace", default=None
 )
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
 
 
 def engine_trace_headers() -> dict[str, str] | None:
     """W3C headers for an engine that traces requests itself (vLLM's request span), so
     its span joins the request's trace under ``tritonforge.request``; None when the
     request being served is not traced."""
-    traceparent = _ENGINE_TRACEPARENT.get()
-    return None if traceparent is None else {TRACEPARENT: traceparent}
+    root = _ENGINE_TRACE.get()
+    return None if root is None else {TRACEPARENT: traceparent_of(NonRecordingSpan(root))}
 
 
 @dataclass(frozen=True)
@@ -117,14 +130,23 @@ def tracer_provider(
     Spans leave in batches on the SDK's exporter thread, so a request never waits for
     the collector. ``exporter`` replaces the OTLP/HTTP one (tests keep spans in memory).
     """
+    return span_pipeline(settings, service, exporter)[0]
+
+
+def span_pipeline(
+    settings: TraceSettings, service: str, exporter: SpanExporter | None = None
+) -> tuple[TracerProvider, BatchSpanProcessor]:
+    """:func:`tracer_provider` and the batch processor it exports through (the runtime
+    hands its finished spans straight to it)."""
     sampler = ParentBased(TraceIdRatioBased(settings.sampling))
     provider = TracerProvider(resource=Resource({"service.name": service}), sampler=sampler)
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=settings.endpoint)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
+    processor = BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    return provider, processor
 
 
 def parent_context(traceparent: str | None) -> Context | None:
@@ -155,19 +177,40 @@ class _Clock:
 
 
 class RuntimeTracer:
-    """Starts one :class:`RequestTrace` per sampled request of one model."""
+    """Starts one :class:`RequestTrace` per sampled request of one model.
 
-    def __init__(self, provider: TracerProvider, model: str, logger: Logger) -> None:
+    A request's spans are not the SDK's live ``Span`` objects: each is built once, when
+    the request has ended, as the finished ``ReadableSpan`` it would have become, and
+    handed to the batch processor — the same spans, exported the same way, without the
+    live spans' locks, attribute checks and one sampling call per span (the provider's
+    sampler decides once, for the request's root).
+    """
+
+    def __init__(
+        self, provider: TracerProvider, processor: SpanProcessor, model: str, logger: Logger
+    ) -> None:
         self.provider = provider
+        self.processor = processor
         self.model = model
         self.logger = logger
-        #: The SDK's tracer the request spans come from.
-        self.otel: Tracer = provider.get_tracer("tritonforge.serving")
+        self.scope = InstrumentationScope("tritonforge.serving")
 
     def begin(
         self, request_id: str, request: GenerateRequest, traceparent: str | None
     ) -> RequestTrace | None:
         """The request's trace, or None if it is not sampled (then nothing more is done)."""
+        context = parent_context(traceparent)
+        parent = get_current_span(context).get_span_context() if context is not None else None
+        if parent is not None and not parent.is_valid:
+            parent = None
+        ids = self.provider.id_generator
+        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+        sampled = self.provider.sampler.should_sample(
+            context, trace_id, "tritonforge.request", SpanKind.SERVER
+        )
+        if sampled.decision is not Decision.RECORD_AND_SAMPLE:
+            return None
+        root = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, sampled.trace_state)
         attributes: dict[str, Any] = {
             "tritonforge.request_id": request_id,
             "gen_ai.operation.name": "chat" if request.messages is not None else "text_completion",
@@ -175,15 +218,7 @@ class RuntimeTracer:
             "gen_ai.request.max_tokens": request.sampling.max_tokens,
             "tritonforge.stream": request.stream,
         }
-        root = self.otel.start_span(
-            "tritonforge.request",
-            context=parent_context(traceparent),
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-        )
-        if not root.is_recording():
-            return None
-        return RequestTrace(self, root, request_id)
+        return RequestTrace(self, root, parent, attributes, request_id)
 
     def shutdown(self) -> None:
         """Export what is left (a model unloading): spans of its last requests too."""
@@ -191,15 +226,24 @@ class RuntimeTracer:
 
 
 class RequestTrace:
-    """One traced request: its root span, and the times its child spans are built from.
+    """One traced request: its root span's identity, and the times its spans are built from.
 
     Sends are timed on response threads, the rest on the engine's loop; the spans are
     built once, by :meth:`end`, after the FINAL response went out.
     """
 
-    def __init__(self, tracer: RuntimeTracer, root: Span, request_id: str) -> None:
+    def __init__(
+        self,
+        tracer: RuntimeTracer,
+        root: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        request_id: str,
+    ) -> None:
         self.tracer = tracer
         self.root = root
+        self.parent = parent
+        self.attributes = attributes
         self.request_id = request_id
         self.clock = _Clock()
         self.submitted = time.perf_counter()
@@ -214,21 +258,57 @@ class RequestTrace:
     def enter_engine(self) -> None:
         """Make the request's root span the parent of the engine's own spans: called in
         the task that runs the request's engine call (:func:`engine_trace_headers`)."""
-        _ENGINE_TRACEPARENT.set(traceparent_of(self.root))
+        _ENGINE_TRACE.set(self.root)
 
     def channel(self, inner: Channel) -> TracedChannel:
         """``inner`` with every send timed for this trace."""
         return TracedChannel(inner, self)
 
-    def _span(
-        self, name: str, start: float, end: float, attributes: Mapping[str, Any] | None = None
-    ) -> Span:
-        context = set_span_in_context(self.root)
-        span = self.tracer.otel.start_span(
-            name, context=context, start_time=self.clock.ns(start), attributes=attributes
+    def _emit(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any] | None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        status: Status | None = None,
+    ) -> None:
+        tracer = self.tracer
+        span = ReadableSpan(
+            name,
+            context,
+            parent,
+            tracer.provider.resource,
+            attributes or {},
+            kind=kind,
+            status=status or _UNSET,
+            start_time=start_ns,
+            end_time=max(end_ns, start_ns),
+            instrumentation_scope=tracer.scope,
         )
-        span.end(end_time=self.clock.ns(max(end, start)))
-        return span
+        tracer.processor.on_end(span)
+
+    def _span(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        attributes: Mapping[str, Any] | None = None,
+        status: Status | None = None,
+    ) -> None:
+        """A finished child of the request's root span."""
+        root = self.root
+        context = SpanContext(
+            root.trace_id,
+            self.tracer.provider.id_generator.generate_span_id(),
+            False,
+            root.trace_flags,
+            root.trace_state,
+        )
+        clock = self.clock
+        self._emit(name, context, root, clock.ns(start), clock.ns(end), attributes, status=status)
 
     def admitted(
         self, decision: str, predicted_ttft_s: float | None, started: float, ended: float
@@ -243,13 +323,13 @@ class RequestTrace:
         """The request never reached the engine (admission, a full model, a bad id…)."""
         now = time.perf_counter()
         if isinstance(error, SloUnattainable):
-            span = self._span(
+            self._span(
                 "tritonforge.admission",
                 self.submitted,
                 now,
                 {"tritonforge.admission.decision": "refused"},
+                Status(StatusCode.ERROR, str(error)),
             )
-            span.set_status(Status(StatusCode.ERROR, str(error)))
         self._finish("refused", error, now)
 
     def sent(self, started: float, ended: float, final: bool) -> None:
@@ -278,7 +358,7 @@ class RequestTrace:
 
         ``started``: when the engine's loop took it; token times as the metrics saw them.
         """
-        root = self.root
+        root = self.attributes
         if started is not None:
             self._span("tritonforge.queue", self.submitted, started)
             if first_token_at is not None:
@@ -288,7 +368,7 @@ class RequestTrace:
                     first_token_at,
                     {"gen_ai.usage.input_tokens": prompt_tokens or 0},
                 )
-                root.set_attribute("gen_ai.server.time_to_first_token", first_token_at - started)
+                root["gen_ai.server.time_to_first_token"] = first_token_at - started
                 if last_token_at is not None:
                     self._span(
                         "tritonforge.decode",
@@ -309,11 +389,11 @@ class RequestTrace:
         if self.final_send is not None:
             self._span("tritonforge.response.final", *self.final_send)
         if prompt_tokens is not None:
-            root.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
-        root.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+            root["gen_ai.usage.input_tokens"] = prompt_tokens
+        root["gen_ai.usage.output_tokens"] = output_tokens
         reasons = finish_reasons(output)
         if reasons:
-            root.set_attribute("gen_ai.response.finish_reasons", reasons)
+            root["gen_ai.response.finish_reasons"] = tuple(reasons)
         ended = self.final_send[1] if self.final_send is not None else time.perf_counter()
         self._finish(outcome, error, ended, prompt_tokens, output_tokens, first_token_at, started)
 
@@ -331,12 +411,21 @@ class RequestTrace:
             if self._ended:
                 return
             self._ended = True
-        root = self.root
-        root.set_attribute("tritonforge.outcome", outcome)
+        self.attributes["tritonforge.outcome"] = outcome
+        status = None
         if error is not None:
             why = "cancelled by the client" if outcome == "cancelled" else str(error)
-            root.set_status(Status(StatusCode.ERROR, why or type(error).__name__))
-        root.end(end_time=self.clock.ns(ended))
+            status = Status(StatusCode.ERROR, why or type(error).__name__)
+        self._emit(
+            "tritonforge.request",
+            self.root,
+            self.parent,
+            self.clock.ns(self.submitted),
+            self.clock.ns(ended),
+            self.attributes,
+            SpanKind.SERVER,
+            status,
+        )
         ttft = ""
         if first_token_at is not None and started is not None:
             ttft = f", first token after {(first_token_at - self.submitted) * 1000:.0f} ms"
@@ -345,7 +434,7 @@ class RequestTrace:
             f"[tritonforge] request {self.request_id}: {outcome}"
             f"{tokens if prompt_tokens is not None else ''}{ttft}, "
             f"{(ended - self.submitted) * 1000:.0f} ms "
-            f"(trace {root.get_span_context().trace_id:032x})"
+            f"(trace {self.root.trace_id:032x})"
         )
 
 
@@ -390,7 +479,7 @@ def runtime_tracer(
     settings = TraceSettings.from_env(env)
     if not settings.enabled:
         return None
-    return RuntimeTracer(tracer_provider(settings, "tritonforge-runtime"), model, logger)
+    return RuntimeTracer(*span_pipeline(settings, "tritonforge-runtime"), model, logger)
 
 
 def context_traceparent(context_json: str | None) -> str | None:

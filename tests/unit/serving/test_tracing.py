@@ -31,7 +31,7 @@ from tritonforge.serving.tracing import (
     context_traceparent,
     engine_trace_headers,
     runtime_tracer,
-    tracer_provider,
+    span_pipeline,
 )
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -46,8 +46,8 @@ def exporter() -> InMemorySpanExporter:
 
 @pytest.fixture
 def runtime(exporter: InMemorySpanExporter) -> Iterator[Runtime]:
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
     engine = fakes.ScriptedEngine(fakes.word_script(4), delay_s=0.02)  # sent one by one
     runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
     runtime.start()
@@ -132,8 +132,8 @@ def test_a_request_without_a_traceparent_starts_a_trace_of_its_own(
 def test_a_cancelled_request_ends_its_span_in_error_saying_so(
     exporter: InMemorySpanExporter,
 ) -> None:
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
     engine = fakes.ScriptedEngine(fakes.word_script(50), delay_s=0.02)
     runtime = Runtime(
         engine,
@@ -158,8 +158,8 @@ def test_a_cancelled_request_ends_its_span_in_error_saying_so(
 def test_a_failed_request_ends_its_span_in_error_with_the_reason(
     exporter: InMemorySpanExporter,
 ) -> None:
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
     runtime = Runtime(
         IdEngine(fail=True), fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer
     )
@@ -228,8 +228,8 @@ def test_tritons_trace_context_gives_its_traceparent() -> None:
 
 
 def test_admission_shows_its_decision_and_prediction(exporter: InMemorySpanExporter) -> None:
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
     admission = Admission(AdmissionSettings(mode="observe"))
     engine = fakes.ScriptedEngine(fakes.word_script(3))
     runtime = Runtime(
@@ -290,8 +290,8 @@ class HeaderEngine(fakes.ScriptedEngine):
 def test_an_engine_that_traces_itself_gets_the_request_span_as_parent(
     exporter: InMemorySpanExporter,
 ) -> None:
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, "m", fakes.RecordingLogger())
+    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
+    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
     engine = HeaderEngine()
     runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
     runtime.start()
