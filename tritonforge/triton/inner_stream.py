@@ -133,10 +133,12 @@ class InnerStreams:
         request_id: str,
         parameters: Mapping[str, str] | None = None,
         idle_s: float = 0.1,
+        metadata: Mapping[str, str] | None = None,
     ) -> Iterator[InnerResponse | None]:
         """The inner request's responses until its FINAL (or an error, given as the
         last response); ``None`` after every ``idle_s`` without one, so the caller can
-        look at its own client meanwhile.
+        look at its own client meanwhile. ``metadata`` goes with the gRPC call (Triton
+        reads a ``traceparent`` there).
 
         Closing the iterator before the end cancels the inner request (only then: a
         cancel after the end is Triton 2.51's W14 trap).
@@ -159,7 +161,7 @@ class InnerStreams:
             yield request
             done.wait()  # half-closing early would let the server end the call
 
-        call = self._stub.ModelStreamInfer(requests())
+        call = self._stub.ModelStreamInfer(requests(), metadata=tuple((metadata or {}).items()))
         arrived: queue.SimpleQueue[InnerResponse | BaseException] = queue.SimpleQueue()
 
         def read() -> None:

@@ -140,15 +140,22 @@ class TritonPythonModel:
 
     def _call_inner(self, tensors: dict[str, np.ndarray], request_id: str, traceparent: str | None):
         """The inner request, in the client request's trace: ``traceparent`` (Triton's span
-        of this model, else the client's parameter) goes as the inner request's parameter.
+        of this model, else the client's parameter) goes with the inner request.
 
         Between responses, an empty event every poll interval lets the run see its
         client's cancellation while the inner model is silent (queued, prefilling).
         """
         relayed = [name for name in RELAYED_RETURNS if f"return_{name}" in tensors]
-        parameters = {TRACEPARENT: traceparent} if traceparent else {}
+        # Triton reads the context from the call's metadata (its spans of the inner request
+        # join the trace), the runtime from the parameter when Triton does not trace.
+        context = {TRACEPARENT: traceparent} if traceparent else {}
         responses = self.inner.stream(
-            self.inner_model, tensors, ["text_output", *relayed], request_id, parameters
+            self.inner_model,
+            tensors,
+            ["text_output", *relayed],
+            request_id,
+            parameters=context,
+            metadata=context,
         )
         for response in responses:
             if response is None:
