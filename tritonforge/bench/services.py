@@ -339,6 +339,10 @@ class LlamaCppServerService:
             "-m",
             "llama_cpp.server",
             *llamacpp_server_flags(self.settings()),
+            # Its default stops a streaming request whenever another arrives (the newest
+            # wins); a server for concurrent clients queues them, first come first served.
+            "--interrupt_requests",
+            "False",
             "--model_alias",
             self.served_model,
             "--host",
