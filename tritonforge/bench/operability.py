@@ -610,7 +610,7 @@ def assemble(out: Path) -> Path:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": {
             "machine": f"{host.cpu_model}, {len(os.sched_getaffinity(0))} cores",
-            "git_commit": served_code().model_dump().get("commit"),
+            "git_commit": served_code().git_commit,
             "load_average_1m": os.getloadavg()[0],
         },
         "candidates": [
