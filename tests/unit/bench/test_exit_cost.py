@@ -187,7 +187,9 @@ def test_an_adapter_is_not_run_without_a_name_and_asked_by_model_name_with_one()
     assert named.status == "passed" and replay.sent[0]["model"] == "smol-alpha"
 
 
-VLLM_METRICS = """# HELP vllm:num_requests_running Requests running.
+VLLM_METRICS = """# TYPE vllm:prompt_tokens_created gauge
+vllm:prompt_tokens_created 1.7e9
+# HELP vllm:num_requests_running Requests running.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="m"} 0.0
 vllm:num_requests_waiting{model_name="m"} 0.0
@@ -204,6 +206,7 @@ def test_metrics_maps_every_dashboard_signal_to_families() -> None:
     result = checks.metrics(Replay(lambda *_: chat("x"), VLLM_METRICS), SUITE)
     assert result.status == "passed"
     assert result.behaviour["signals"]["requests running"] == ["vllm:num_requests_running"]
+    assert result.behaviour["signals"]["prompt tokens"] == ["vllm:prompt_tokens_total"]
     partial = "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 3\n"
     missing = checks.metrics(Replay(lambda *_: chat("x"), partial), SUITE)
     assert missing.status == "failed" and "time to first token" in missing.summary
@@ -258,6 +261,21 @@ def test_a_move_costs_what_passed_before_and_differs_or_fails_after() -> None:
 
 def test_dashboard_changes_name_the_families_to_query_instead() -> None:
     before = {"signals": {"requests running": ["vllm:num_requests_running"]}}
-    after = {"signals": {"requests running": ["llamacpp:requests_processing"]}}
+    after = {"signals": {"requests running": ["llamacpp:requests_processing", "x_created"]}}
     text = changes.behaviour_change("metrics", before, after)
-    assert "vllm:num_requests_running → llamacpp:requests_processing" in text
+    assert text == (
+        "rewrite dashboard queries — requests running: "
+        "vllm:num_requests_running → llamacpp:requests_processing"
+    )
+    extra = {"signals": {"requests running": ["vllm:num_requests_running", "sglang:x"]}}
+    assert changes.behaviour_change("metrics", before, extra) is None  # more costs nothing
+
+
+def test_a_behaviour_change_names_only_what_moved() -> None:
+    text = changes.behaviour_change(
+        "tool_call",
+        {"finish_reason": "stop", "content": "null"},
+        {"finish_reason": "tool_calls", "content": "null"},
+    )
+    assert text is not None and "finish_reason 'stop' → 'tool_calls'" in text
+    assert "content" not in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 from itertools import permutations
 from typing import Any
 
+from tritonforge.bench.exit_cost.checks import dashboard_families
 from tritonforge.bench.exit_cost.results import CheckResult, SuiteResult
 
 #: What an application relies on when a check passes, for the change's wording.
@@ -35,7 +36,7 @@ def _signals(before: dict[str, Any], after: dict[str, Any]) -> str | None:
     moves = []
     old, new = before.get("signals", {}), after.get("signals", {})
     for signal in sorted(old):
-        a, b = old[signal], new.get(signal, [])
+        a, b = dashboard_families(old[signal]), dashboard_families(new.get(signal, []))
         if a and not set(a) & set(b):
             moves.append(f"{signal}: {', '.join(a)} → {', '.join(b) or 'nothing'}")
     return "rewrite dashboard queries — " + "; ".join(moves) if moves else None
@@ -62,7 +63,8 @@ def behaviour_change(check: str, before: dict[str, Any], after: dict[str, Any]) 
         )
     if check == "metrics":
         return _signals(before, after)
-    shown = ", ".join(f"{k} {before.get(k)!r} → {after.get(k)!r}" for k in sorted(after))
+    moved = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    shown = ", ".join(f"{k} {before.get(k)!r} → {after.get(k)!r}" for k in moved)
     return f"{FEATURES.get(check, check)} behave differently ({shown}): adapt the client's handling"
 
 

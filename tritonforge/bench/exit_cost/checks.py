@@ -454,6 +454,12 @@ def metric_families(text: str, model: str | None = None) -> list[str]:
     return sorted(kept)
 
 
+def dashboard_families(names: list[str]) -> list[str]:
+    """The families a dashboard could query: ``_created`` series (prometheus_client's
+    creation timestamps, declared as gauges of their own) are left out."""
+    return [n for n in names if not n.endswith("_created")]
+
+
 def metrics(t: Transport, suite: Suite) -> CheckResult:
     """The families a dashboard's panels would query, per signal in :data:`SIGNALS`."""
     name = "metrics"
@@ -462,7 +468,7 @@ def metrics(t: Transport, suite: Suite) -> CheckResult:
     reply = t.get(suite.metrics_url)
     if not reply.ok:
         return _refused(name, reply, f"GET {suite.metrics_url}")
-    families = metric_families(reply.text, suite.model)
+    families = dashboard_families(metric_families(reply.text, suite.model))
     found = {
         signal: [f for f in families if re.search(pattern, f)]
         for signal, pattern in SIGNALS.items()
