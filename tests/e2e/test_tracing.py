@@ -266,8 +266,8 @@ def grpc_stream(url: str, model: str, request_id: str, traceparent: str, streame
 def test_a_triton_grpc_stream_is_one_trace_down_to_the_runtime(
     traced: Traced, model: str, streamed: bool
 ) -> None:
-    """Straight to the model, and through guarded_chat's BLS call to it (streamed or not:
-    either way the BLS call runs on a thread after ``execute`` returned)."""
+    """Straight to the model, and through guarded_chat's inner gRPC stream to it (streamed
+    or not: either way the inner call runs on a thread after ``execute`` returned)."""
     receiver = traced.receiver
     trace_id = uuid.uuid4().hex
     request_id = f"tracing-grpc-{uuid.uuid4().hex[:12]}"

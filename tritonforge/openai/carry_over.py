@@ -38,7 +38,7 @@ from tritonforge.openai.errors import TRITON_DOWN_RETRY_AFTER_S, OpenAIError, Tr
 T = TypeVar("T")
 
 #: Seconds a request without ``timeout_s`` waits for a restarted server: a cold start of
-#: ``make serve``'s models takes about a minute here (docs/reliability.md).
+#: ``make serve``'s models takes about a minute here (docs/features/reliability.md).
 DEFAULT_MAX_WAIT_S = 300.0
 #: Requests that may wait for the server at once.
 DEFAULT_MAX_WAITING = 1024
