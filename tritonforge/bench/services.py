@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import requests
 
@@ -237,14 +237,59 @@ class TritonService:
 
 
 @dataclass
-class VllmOpenAIService:
-    """vLLM's OpenAI-compatible server on the engine settings of a model.json."""
+class PeerServer:
+    """An engine's own OpenAI-compatible server, started as its users start it: one
+    process group of its own (the engine's workers go with it), its log beside the run's."""
+
+    label: ClassVar[str] = "server"
 
     engine_config: Path
     served_model: str
     log_path: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = field(default=None, init=False)
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the project's, as tritonserver gets it."""
+        return server_environment()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self.command()
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + " ".join(command) + "\n").encode())
+        self.process = subprocess.Popen(
+            command,
+            env=self.environment(),
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: the engine core goes with it
+            cwd=REPO_ROOT,
+        )
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        wait_until_ready(
+            self.process,
+            f"http://127.0.0.1:{self.port}/v1/models",
+            self.label,
+            timeout_s,
+            on_exit=lambda: f"; log tail:\n{_tail(self.log_path)}",
+        )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_session(self.process, signal_group=True)
+
+
+@dataclass
+class VllmOpenAIService(PeerServer):
+    """vLLM's OpenAI-compatible server on the engine settings of a model.json."""
+
+    label: ClassVar[str] = "vLLM server"
 
     def host_settings(self) -> HostSettings:
         """model.json resolved for this host, as the Triton model's adapter resolves it."""
@@ -271,33 +316,8 @@ class VllmOpenAIService:
             *engine_cli_flags(settings),
         ]
 
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = self.command()
-        with self.log_path.open("ab") as log:
-            log.write(("$ " + " ".join(command) + "\n").encode())
-        self.process = subprocess.Popen(
-            command,
-            env={**server_environment(), **self.host_settings().env},
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # own process group: the engine core goes with it
-            cwd=REPO_ROOT,
-        )
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        wait_until_ready(
-            self.process,
-            f"http://127.0.0.1:{self.port}/v1/models",
-            "vLLM server",
-            timeout_s,
-            on_exit=lambda: f"; log tail:\n{_tail(self.log_path)}",
-        )
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_session(self.process, signal_group=True)
+    def environment(self) -> dict[str, str]:
+        return {**server_environment(), **self.host_settings().env}
 
     def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
         # Completions unless the target says chat: the prompt then reaches the engine as
@@ -317,14 +337,10 @@ class VllmOpenAIService:
 
 
 @dataclass
-class LlamaCppServerService:
+class LlamaCppServerService(PeerServer):
     """llama-cpp-python's OpenAI-compatible server on llamacpp_model's model.json."""
 
-    engine_config: Path
-    served_model: str
-    log_path: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = field(default=None, init=False)
+    label: ClassVar[str] = "llama.cpp server"
 
     def settings(self) -> dict[str, Any]:
         settings = load_engine_settings_any(self.engine_config)
@@ -350,34 +366,6 @@ class LlamaCppServerService:
             "--port",
             str(self.port),
         ]
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = self.command()
-        with self.log_path.open("ab") as log:
-            log.write(("$ " + " ".join(command) + "\n").encode())
-        self.process = subprocess.Popen(
-            command,
-            env=server_environment(),
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=REPO_ROOT,
-        )
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        wait_until_ready(
-            self.process,
-            f"http://127.0.0.1:{self.port}/v1/models",
-            "llama.cpp server",
-            timeout_s,
-            on_exit=lambda: f"; log tail:\n{_tail(self.log_path)}",
-        )
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_session(self.process, signal_group=True)
 
     def endpoint(self, target: Target, served_model: str, sampling: Sampling) -> HttpEndpoint:
         extra: dict[str, object] = {"temperature": sampling.temperature, "top_p": sampling.top_p}

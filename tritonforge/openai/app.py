@@ -348,6 +348,21 @@ class OpenAIServer:
         ]
         return translate.completion_of_choices(ids, texts, usage)
 
+    async def next_or_resent(
+        self, stream: TritonStream, model: str, request: TritonRequest, clock: Clock, sent: int
+    ) -> tuple[TritonStream, ModelOutput | None, bool]:
+        """The stream's next output. If Triton went down before the client got a character
+        of the answer (``sent`` characters went out), the request is sent again and this is
+        the new stream's first output (True: its usage counts from zero again)."""
+        try:
+            return stream, await anext(stream, None), False
+        except TritonDown:
+            if not carry_over.may_resend(sent):
+                raise
+            stream.cancel()
+            stream, output = await self.open_carried(model, request, clock, 1)
+            return stream, output, True
+
     async def choice_events(
         self,
         kind: str,
@@ -398,14 +413,12 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                try:
-                    output = await anext(stream, None)
-                except TritonDown:
-                    if not carry_over.may_resend(sum(offsets.values())):
-                        raise
-                    stream.cancel()
-                    model = request.triton_model or body.model
-                    stream, output = await self.open_carried(model, request, clock, 1)
+                model = request.triton_model or body.model
+                sent = sum(offsets.values())
+                stream, output, resent = await self.next_or_resent(
+                    stream, model, request, clock, sent
+                )
+                if resent:
                     usage = Usage()
         except TritonDown:  # tokens went out: never replayed
             yield _sse(carry_over.stream_restarted(usage.completion_tokens or 0).body())
@@ -514,14 +527,11 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                try:
-                    output = await anext(stream, None)
-                except TritonDown:
-                    if not carry_over.may_resend(offset):
-                        raise
-                    stream.cancel()
-                    model = request.triton_model or body.model
-                    stream, output = await self.open_carried(model, request, clock, 1)
+                model = request.triton_model or body.model
+                stream, output, resent = await self.next_or_resent(
+                    stream, model, request, clock, offset
+                )
+                if resent:
                     usage = Usage()
         except TritonDown:  # tokens went out: never replayed
             yield _sse(carry_over.stream_restarted(usage.completion_tokens or 0).body())
