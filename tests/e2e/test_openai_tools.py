@@ -15,20 +15,12 @@ import openai
 import pytest
 
 from tests.e2e.client import model_ready
+from tritonforge.bench.exit_cost.checks import WEATHER  # the exit-cost suite's tool, too
 from tritonforge.launch.launcher import OpenAIFrontend, TritonServer
 
 pytestmark = pytest.mark.server
 
 MODEL = "vllm_model"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 TIME = {
     "type": "object",
     "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
