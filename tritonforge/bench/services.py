@@ -27,6 +27,7 @@ import contextlib
 import json
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,7 +238,7 @@ class TritonService:
 
 
 @dataclass
-class PeerServer:
+class PeerServer(ABC):
     """An engine's own OpenAI-compatible server, started as its users start it: one
     process group of its own (the engine's workers go with it), its log beside the run's."""
 
@@ -249,8 +250,9 @@ class PeerServer:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = field(default=None, init=False)
 
+    @abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line."""
 
     def environment(self) -> dict[str, str]:
         """The server's environment: the project's, as tritonserver gets it."""

@@ -349,17 +349,24 @@ class OpenAIServer:
         return translate.completion_of_choices(ids, texts, usage)
 
     async def next_or_resent(
-        self, stream: TritonStream, model: str, request: TritonRequest, clock: Clock, sent: int
+        self,
+        stream: TritonStream,
+        requested: str,
+        request: TritonRequest,
+        clock: Clock,
+        sent: Callable[[], int],
     ) -> tuple[TritonStream, ModelOutput | None, bool]:
         """The stream's next output. If Triton went down before the client got a character
-        of the answer (``sent`` characters went out), the request is sent again and this is
-        the new stream's first output (True: its usage counts from zero again)."""
+        of the answer (``sent()`` characters went out; asked only then, off the per-token
+        path), the request is sent again to its model (``requested`` unless the route named
+        another) and this is the new stream's first output (True: usage counts anew)."""
         try:
             return stream, await anext(stream, None), False
         except TritonDown:
-            if not carry_over.may_resend(sent):
+            if not carry_over.may_resend(sent()):
                 raise
             stream.cancel()
+            model = request.triton_model or requested
             stream, output = await self.open_carried(model, request, clock, 1)
             return stream, output, True
 
@@ -413,10 +420,8 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                model = request.triton_model or body.model
-                sent = sum(offsets.values())
                 stream, output, resent = await self.next_or_resent(
-                    stream, model, request, clock, sent
+                    stream, body.model, request, clock, lambda: sum(offsets.values())
                 )
                 if resent:
                     usage = Usage()
@@ -527,9 +532,12 @@ class OpenAIServer:
                     yield _sse(chunk)
                 if output.final:
                     break
-                model = request.triton_model or body.model
                 stream, output, resent = await self.next_or_resent(
-                    stream, model, request, clock, offset
+                    stream,
+                    body.model,
+                    request,
+                    clock,
+                    lambda: offset,  # noqa: B023 (asked within this await)
                 )
                 if resent:
                     usage = Usage()
