@@ -669,20 +669,21 @@ def create_app(
     gateway = gateway or TritonGateway(triton_grpc)
     carry = CarryOver(lambda model: gateway.model_ready(model), carry_over_settings)
     server = OpenAIServer(gateway, default_max_tokens, carry)
+    # Request ids and trace context (request_context.py); the tracer is None unless
+    # tracing is configured.
+    tracer = request_context.frontend_tracer()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         freeze_startup_heap()  # no full GC pass walks start-up's objects again (heap.py)
         yield
         await gateway.close()
+        if tracer is not None:
+            tracer.shutdown()  # the last requests' spans leave too
 
     app = FastAPI(title="tritonforge OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
-    # Request ids and trace context (request_context.py); the tracer is None unless
-    # tracing is configured.
-    app.add_middleware(
-        request_context.RequestContextMiddleware, provider=request_context.frontend_tracer()
-    )
+    app.add_middleware(request_context.RequestContextMiddleware, tracer=tracer)
     _answer_errors_in_openai_shape(app)
 
     async def ready_models() -> list[str]:

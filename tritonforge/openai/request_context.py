@@ -24,21 +24,14 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tritonforge.openai.errors import invalid
 from tritonforge.openai.responses import to_json
 from tritonforge.serving.errors import RequestError
+from tritonforge.serving.otlp_export import SERVER, span
 from tritonforge.serving.request_ids import check_request_id, new_request_id
-from tritonforge.serving.tracing import (
-    TRACEPARENT,
-    TraceSettings,
-    parent_context,
-    traceparent_of,
-    tracer_provider,
-)
+from tritonforge.serving.tracing import TRACEPARENT, Started, Tracer, TraceSettings, tracer
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _log = logging.getLogger("tritonforge.openai")
@@ -73,10 +66,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class RequestContextMiddleware:
     """Ids and trace context for every HTTP request (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, provider: TracerProvider | None = None) -> None:
+    def __init__(self, app: ASGIApp, tracer: Tracer | None = None) -> None:
         self.app = app
-        self.provider = provider
-        self._tracer = provider.get_tracer("tritonforge.openai") if provider else None
+        self.tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,9 +81,9 @@ class RequestContextMiddleware:
             await self._refuse(error.rule, send)
             return
         traceparent = _header(scope, TRACEPARENT.encode())
-        span = self._start_span(scope, request_id, traceparent)
-        if span is not None:
-            traceparent = traceparent_of(span)
+        traced = self._start_span(scope, traceparent)
+        if traced is not None:
+            traceparent = traced.traceparent
         status = 500
         id_header = (b"x-request-id", request_id.encode())
 
@@ -103,44 +95,54 @@ class RequestContextMiddleware:
             await send(message)
 
         token = _CURRENT.set(RequestContext(request_id, traceparent))
-        started = time.perf_counter()
+        started_ns = time.time_ns()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             _CURRENT.reset(token)
-            if span is not None:
-                self._end_span(span, scope, request_id, status, started)
+            if traced is not None:
+                self._end_span(traced, scope, request_id, status, started_ns)
 
-    def _start_span(self, scope: Scope, request_id: str, traceparent: str | None) -> Span | None:
-        if self._tracer is None or not str(scope.get("path", "")).startswith("/v1/"):
+    def _start_span(self, scope: Scope, traceparent: str | None) -> Started | None:
+        if self.tracer is None or not str(scope.get("path", "")).startswith("/v1/"):
             return None  # health probes and metric scrapes are not requests worth a trace
-        span = self._tracer.start_span(
-            f"{scope.get('method', '')} {scope.get('path', '')}",
-            context=parent_context(traceparent),
-            kind=SpanKind.SERVER,
-            attributes={
-                "http.request.method": str(scope.get("method", "")),
-                "url.path": str(scope.get("path", "")),
-                "tritonforge.request_id": request_id,
-            },
-        )
-        return span if span.is_recording() else None
+        return self.tracer.start(traceparent)
 
-    @staticmethod
-    def _end_span(span: Span, scope: Scope, request_id: str, status: int, started: float) -> None:
-        span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
-        span.end()
-        trace_id = f"{span.get_span_context().trace_id:032x}"
+    def _end_span(
+        self, traced: Started, scope: Scope, request_id: str, status: int, started_ns: int
+    ) -> None:
+        """The request's span, built whole at its end (tracing.py's reasons)."""
+        assert self.tracer is not None
+        method, path = str(scope.get("method", "")), str(scope.get("path", ""))
+        ended_ns = time.time_ns()
+        self.tracer.batches.add(
+            [
+                span(
+                    f"{method} {path}",
+                    traced.trace_id.to_bytes(16, "big"),
+                    traced.span_id,
+                    traced.parent_id,
+                    started_ns,
+                    ended_ns,
+                    {
+                        "http.request.method": method,
+                        "url.path": path,
+                        "tritonforge.request_id": request_id,
+                        "http.response.status_code": status,
+                    },
+                    SERVER,
+                    f"HTTP {status}" if status >= 500 else None,
+                )
+            ]
+        )
         _log.info(
-            "request %s: %s %s -> %d in %.0f ms (trace %s)",
+            "request %s: %s %s -> %d in %.0f ms (trace %032x)",
             request_id,
-            scope.get("method", ""),
-            scope.get("path", ""),
+            method,
+            path,
             status,
-            (time.perf_counter() - started) * 1000,
-            trace_id,
+            (ended_ns - started_ns) / 1e6,
+            traced.trace_id,
         )
 
     @staticmethod
@@ -152,10 +154,12 @@ class RequestContextMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def frontend_tracer(settings: TraceSettings | None = None) -> TracerProvider | None:
-    """The frontend's tracer provider, or None when tracing is off (the default)."""
+def frontend_tracer(settings: TraceSettings | None = None) -> Tracer | None:
+    """The frontend's tracer, or None when tracing is off (the default)."""
     settings = settings or TraceSettings.from_env()
-    return tracer_provider(settings, "tritonforge-openai") if settings.enabled else None
+    if not settings.enabled:
+        return None
+    return tracer(settings, "tritonforge-openai", "tritonforge.openai")
 
 
 def triton_call_settings(context: RequestContext | None) -> dict[str, Any]:

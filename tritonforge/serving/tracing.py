@@ -9,9 +9,10 @@ tracer, a request no trace, and its per-token path is what it was.
 On, a request's spans are built when it ends, from times the runtime records anyway
 (:class:`~tritonforge.serving.runtime` keeps submit, start, first and last token for
 its metrics); only its sends are timed on the way, by a channel wrapped around the
-request's own (:class:`TracedChannel`). The spans, under one ``tritonforge.request``
-span whose parent is the caller's W3C ``traceparent`` (Triton's own span of the
-request when Triton traces, else the client's):
+request's own (:class:`TracedChannel`). They are made as OTLP protobuf messages and
+leave in batches (:mod:`tritonforge.serving.otlp_export`). The spans, under one
+``tritonforge.request`` span whose parent is the caller's W3C ``traceparent`` (Triton's
+own span of the request when Triton traces, else the client's):
 
 - ``tritonforge.admission``: the admission decision and its TTFT prediction;
 - ``tritonforge.queue``: from submit until the engine's loop took the request;
@@ -31,36 +32,21 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import random
+import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    Span,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    get_current_span,
-    set_span_in_context,
-)
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tritonforge.serving.admission import SloUnattainable
 from tritonforge.serving.errors import RequestError
+from tritonforge.serving.otlp_export import SERVER, HttpSender, SpanBatches, span
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     from tritonforge.engines.base import EngineOutput
     from tritonforge.serving.runtime import Channel, Logger
@@ -72,22 +58,73 @@ ENDPOINT_ENV = "TRITONFORGE_OTLP_ENDPOINT"
 OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 SAMPLING_ENV = "TRITONFORGE_TRACE_SAMPLING"
 
-_PROPAGATOR = TraceContextTextMapPropagator()
+#: W3C trace context: version-traceid-parentid-flags (a later version may add fields).
+_TRACEPARENT = re.compile(
+    r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$"
+)
 
-#: The root span of the traced request an engine call serves (its task's context).
-_ENGINE_TRACE: contextvars.ContextVar[SpanContext | None] = contextvars.ContextVar(
+#: The ``traceparent`` of the traced request an engine call serves (its task's context).
+_ENGINE_TRACE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tritonforge_engine_trace", default=None
 )
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status(StatusCode.UNSET)
 
 
 def engine_trace_headers() -> dict[str, str] | None:
     """W3C headers for an engine that traces requests itself (vLLM's request span), so
     its span joins the request's trace under ``tritonforge.request``; None when the
     request being served is not traced."""
-    root = _ENGINE_TRACE.get()
-    return None if root is None else {TRACEPARENT: traceparent_of(NonRecordingSpan(root))}
+    traceparent = _ENGINE_TRACE.get()
+    return None if traceparent is None else {TRACEPARENT: traceparent}
+
+
+class Parent(NamedTuple):
+    """The caller's span, from its ``traceparent``."""
+
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+
+def parse_traceparent(value: str | None) -> Parent | None:
+    """The span a ``traceparent`` names (None: absent or malformed), by the W3C rules the
+    SDK's propagator follows: version ``ff`` and all-zero ids are invalid, version 00
+    has nothing after its flags."""
+    if not value:
+        return None
+    found = _TRACEPARENT.match(value)
+    if found is None:
+        return None
+    version, trace_hex, span_hex, flags, rest = found.groups()
+    if version == "ff" or (version == "00" and rest):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not trace_id or not span_id:
+        return None
+    return Parent(trace_id, span_id, bool(int(flags, 16) & 1))
+
+
+def format_traceparent(trace_id: int, span_id: int) -> str:
+    """The ``traceparent`` that makes this (sampled) span the parent of the next hop's."""
+    return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+def _new_id(bits: int) -> int:
+    while True:
+        value = random.getrandbits(bits)
+        if value:
+            return value
+
+
+class Started(NamedTuple):
+    """A sampled span's identity, decided when it starts."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+
+    @property
+    def traceparent(self) -> str:
+        return format_traceparent(self.trace_id, self.span_id)
 
 
 @dataclass(frozen=True)
@@ -122,46 +159,54 @@ def parse_sampling(raw: str, field: str) -> float:
     return ratio
 
 
-def tracer_provider(
-    settings: TraceSettings, service: str, exporter: SpanExporter | None = None
-) -> TracerProvider:
-    """A provider of this process's own (never the global one: an engine may set that).
+class Tracer:
+    """One process's (one model's) spans: who is sampled, and where their spans go.
 
-    Spans leave in batches on the SDK's exporter thread, so a request never waits for
-    the collector. ``exporter`` replaces the OTLP/HTTP one (tests keep spans in memory).
+    Sampling is OpenTelemetry's parent-based ratio rule: a caller's span decides by its
+    sampled flag; a request without one is sampled when its new trace id's low 64 bits
+    fall under ``sampling * 2**64`` (the SDK's ``TraceIdRatioBased``), so every process
+    of a trace decides alike.
     """
-    return span_pipeline(settings, service, exporter)[0]
+
+    def __init__(self, sampling: float, batches: SpanBatches) -> None:
+        self.bound = round(sampling * 2**64)
+        self.batches = batches
+
+    def start(self, traceparent: str | None) -> Started | None:
+        """A new span under ``traceparent`` (or a new trace), or None if not sampled."""
+        parent = parse_traceparent(traceparent)
+        if parent is not None:
+            if not parent.sampled:
+                return None
+            return Started(parent.trace_id, _new_id(64), parent.span_id)
+        trace_id = _new_id(128)
+        if trace_id & 0xFFFFFFFFFFFFFFFF >= self.bound:
+            return None
+        return Started(trace_id, _new_id(64), None)
+
+    def flush(self) -> None:
+        self.batches.flush()
+
+    def shutdown(self) -> None:
+        """Send what is left (a model unloading: its last requests' spans too)."""
+        self.batches.shutdown()
 
 
-def span_pipeline(
-    settings: TraceSettings, service: str, exporter: SpanExporter | None = None
-) -> tuple[TracerProvider, BatchSpanProcessor]:
-    """:func:`tracer_provider` and the batch processor it exports through (the runtime
-    hands its finished spans straight to it)."""
-    sampler = ParentBased(TraceIdRatioBased(settings.sampling))
-    provider = TracerProvider(resource=Resource({"service.name": service}), sampler=sampler)
-    if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter(endpoint=settings.endpoint)
-    processor = BatchSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    return provider, processor
-
-
-def parent_context(traceparent: str | None) -> Context | None:
-    """The context a ``traceparent`` value names (None: absent or malformed)."""
-    if not traceparent:
-        return None
-    context = _PROPAGATOR.extract({TRACEPARENT: traceparent})
-    return context if context else None
-
-
-def traceparent_of(span: Span) -> str:
-    """The ``traceparent`` that makes ``span`` the parent of the next hop's spans."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, set_span_in_context(span))
-    return carrier.get(TRACEPARENT, "")
+def tracer(
+    settings: TraceSettings,
+    service: str,
+    scope: str,
+    send: Callable[[bytes], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Tracer:
+    """A tracer of this process's own; spans leave on its batches' thread, so a request
+    never waits for the collector. ``send`` replaces the OTLP/HTTP POST (tests keep the
+    export requests)."""
+    if send is None:
+        assert settings.endpoint, "tracing needs an endpoint"
+        send = HttpSender(settings.endpoint)
+    batches = SpanBatches.from_env(service, scope, send, os.environ if env is None else env)
+    return Tracer(settings.sampling, batches)
 
 
 class _Clock:
@@ -177,40 +222,20 @@ class _Clock:
 
 
 class RuntimeTracer:
-    """Starts one :class:`RequestTrace` per sampled request of one model.
+    """Starts one :class:`RequestTrace` per sampled request of one model."""
 
-    A request's spans are not the SDK's live ``Span`` objects: each is built once, when
-    the request has ended, as the finished ``ReadableSpan`` it would have become, and
-    handed to the batch processor — the same spans, exported the same way, without the
-    live spans' locks, attribute checks and one sampling call per span (the provider's
-    sampler decides once, for the request's root).
-    """
-
-    def __init__(
-        self, provider: TracerProvider, processor: SpanProcessor, model: str, logger: Logger
-    ) -> None:
-        self.provider = provider
-        self.processor = processor
+    def __init__(self, tracer: Tracer, model: str, logger: Logger) -> None:
+        self.tracer = tracer
         self.model = model
         self.logger = logger
-        self.scope = InstrumentationScope("tritonforge.serving")
 
     def begin(
         self, request_id: str, request: GenerateRequest, traceparent: str | None
     ) -> RequestTrace | None:
         """The request's trace, or None if it is not sampled (then nothing more is done)."""
-        context = parent_context(traceparent)
-        parent = get_current_span(context).get_span_context() if context is not None else None
-        if parent is not None and not parent.is_valid:
-            parent = None
-        ids = self.provider.id_generator
-        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
-        sampled = self.provider.sampler.should_sample(
-            context, trace_id, "tritonforge.request", SpanKind.SERVER
-        )
-        if sampled.decision is not Decision.RECORD_AND_SAMPLE:
+        started = self.tracer.start(traceparent)
+        if started is None:
             return None
-        root = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, sampled.trace_state)
         attributes: dict[str, Any] = {
             "tritonforge.request_id": request_id,
             "gen_ai.operation.name": "chat" if request.messages is not None else "text_completion",
@@ -218,11 +243,15 @@ class RuntimeTracer:
             "gen_ai.request.max_tokens": request.sampling.max_tokens,
             "tritonforge.stream": request.stream,
         }
-        return RequestTrace(self, root, parent, attributes, request_id)
+        return RequestTrace(self, started, attributes, request_id)
+
+    def flush(self) -> None:
+        """Send the spans queued so far now (tests)."""
+        self.tracer.flush()
 
     def shutdown(self) -> None:
         """Export what is left (a model unloading): spans of its last requests too."""
-        self.provider.shutdown()
+        self.tracer.shutdown()
 
 
 class RequestTrace:
@@ -235,14 +264,12 @@ class RequestTrace:
     def __init__(
         self,
         tracer: RuntimeTracer,
-        root: SpanContext,
-        parent: SpanContext | None,
+        root: Started,
         attributes: dict[str, Any],
         request_id: str,
     ) -> None:
         self.tracer = tracer
         self.root = root
-        self.parent = parent
         self.attributes = attributes
         self.request_id = request_id
         self.clock = _Clock()
@@ -252,43 +279,18 @@ class RequestTrace:
         self.first_send: float | None = None
         self.last_send_end: float | None = None
         self.final_send: tuple[float, float] | None = None
+        self._admission: Span | None = None
         self._lock = threading.Lock()
         self._ended = False
 
     def enter_engine(self) -> None:
         """Make the request's root span the parent of the engine's own spans: called in
         the task that runs the request's engine call (:func:`engine_trace_headers`)."""
-        _ENGINE_TRACE.set(self.root)
+        _ENGINE_TRACE.set(self.root.traceparent)
 
     def channel(self, inner: Channel) -> TracedChannel:
         """``inner`` with every send timed for this trace."""
         return TracedChannel(inner, self)
-
-    def _emit(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
-        attributes: Mapping[str, Any] | None,
-        kind: SpanKind = SpanKind.INTERNAL,
-        status: Status | None = None,
-    ) -> None:
-        tracer = self.tracer
-        span = ReadableSpan(
-            name,
-            context,
-            parent,
-            tracer.provider.resource,
-            attributes or {},
-            kind=kind,
-            status=status or _UNSET,
-            start_time=start_ns,
-            end_time=max(end_ns, start_ns),
-            instrumentation_scope=tracer.scope,
-        )
-        tracer.processor.on_end(span)
 
     def _span(
         self,
@@ -296,19 +298,20 @@ class RequestTrace:
         start: float,
         end: float,
         attributes: Mapping[str, Any] | None = None,
-        status: Status | None = None,
-    ) -> None:
+        error: str | None = None,
+    ) -> Span:
         """A finished child of the request's root span."""
-        root = self.root
-        context = SpanContext(
-            root.trace_id,
-            self.tracer.provider.id_generator.generate_span_id(),
-            False,
-            root.trace_flags,
-            root.trace_state,
-        )
         clock = self.clock
-        self._emit(name, context, root, clock.ns(start), clock.ns(end), attributes, status=status)
+        return span(
+            name,
+            self.root.trace_id.to_bytes(16, "big"),
+            _new_id(64),
+            self.root.span_id,
+            clock.ns(start),
+            clock.ns(end),
+            attributes,
+            error=error,
+        )
 
     def admitted(
         self, decision: str, predicted_ttft_s: float | None, started: float, ended: float
@@ -317,20 +320,23 @@ class RequestTrace:
         attributes: dict[str, Any] = {"tritonforge.admission.decision": decision}
         if predicted_ttft_s is not None:
             attributes["tritonforge.admission.predicted_ttft_ms"] = predicted_ttft_s * 1000
-        self._span("tritonforge.admission", started, ended, attributes)
+        self._admission = self._span("tritonforge.admission", started, ended, attributes)
 
     def refused(self, error: BaseException) -> None:
         """The request never reached the engine (admission, a full model, a bad id…)."""
         now = time.perf_counter()
+        spans = [] if self._admission is None else [self._admission]
         if isinstance(error, SloUnattainable):
-            self._span(
-                "tritonforge.admission",
-                self.submitted,
-                now,
-                {"tritonforge.admission.decision": "refused"},
-                Status(StatusCode.ERROR, str(error)),
+            spans.append(
+                self._span(
+                    "tritonforge.admission",
+                    self.submitted,
+                    now,
+                    {"tritonforge.admission.decision": "refused"},
+                    str(error),
+                )
             )
-        self._finish("refused", error, now)
+        self._finish(spans, "refused", error, now)
 
     def sent(self, started: float, ended: float, final: bool) -> None:
         """One response went out (a response thread)."""
@@ -359,35 +365,42 @@ class RequestTrace:
         ``started``: when the engine's loop took it; token times as the metrics saw them.
         """
         root = self.attributes
+        spans = [] if self._admission is None else [self._admission]
         if started is not None:
-            self._span("tritonforge.queue", self.submitted, started)
+            spans.append(self._span("tritonforge.queue", self.submitted, started))
             if first_token_at is not None:
-                self._span(
-                    "tritonforge.prefill",
-                    started,
-                    first_token_at,
-                    {"gen_ai.usage.input_tokens": prompt_tokens or 0},
+                spans.append(
+                    self._span(
+                        "tritonforge.prefill",
+                        started,
+                        first_token_at,
+                        {"gen_ai.usage.input_tokens": prompt_tokens or 0},
+                    )
                 )
                 root["gen_ai.server.time_to_first_token"] = first_token_at - started
                 if last_token_at is not None:
-                    self._span(
-                        "tritonforge.decode",
-                        first_token_at,
-                        last_token_at,
-                        {"gen_ai.usage.output_tokens": output_tokens},
+                    spans.append(
+                        self._span(
+                            "tritonforge.decode",
+                            first_token_at,
+                            last_token_at,
+                            {"gen_ai.usage.output_tokens": output_tokens},
+                        )
                     )
         if self.first_send is not None and self.last_send_end is not None:
-            self._span(
-                "tritonforge.sends",
-                self.first_send,
-                self.last_send_end,
-                {
-                    "tritonforge.sends.count": self.sends,
-                    "tritonforge.sends.busy_ms": self.send_busy_s * 1000,
-                },
+            spans.append(
+                self._span(
+                    "tritonforge.sends",
+                    self.first_send,
+                    self.last_send_end,
+                    {
+                        "tritonforge.sends.count": self.sends,
+                        "tritonforge.sends.busy_ms": self.send_busy_s * 1000,
+                    },
+                )
             )
         if self.final_send is not None:
-            self._span("tritonforge.response.final", *self.final_send)
+            spans.append(self._span("tritonforge.response.final", *self.final_send))
         if prompt_tokens is not None:
             root["gen_ai.usage.input_tokens"] = prompt_tokens
         root["gen_ai.usage.output_tokens"] = output_tokens
@@ -395,10 +408,13 @@ class RequestTrace:
         if reasons:
             root["gen_ai.response.finish_reasons"] = tuple(reasons)
         ended = self.final_send[1] if self.final_send is not None else time.perf_counter()
-        self._finish(outcome, error, ended, prompt_tokens, output_tokens, first_token_at, started)
+        self._finish(
+            spans, outcome, error, ended, prompt_tokens, output_tokens, first_token_at, started
+        )
 
     def _finish(
         self,
+        spans: list[Span],
         outcome: str,
         error: BaseException | None,
         ended: float,
@@ -412,29 +428,35 @@ class RequestTrace:
                 return
             self._ended = True
         self.attributes["tritonforge.outcome"] = outcome
-        status = None
+        why = None
         if error is not None:
             why = "cancelled by the client" if outcome == "cancelled" else str(error)
-            status = Status(StatusCode.ERROR, why or type(error).__name__)
-        self._emit(
-            "tritonforge.request",
-            self.root,
-            self.parent,
-            self.clock.ns(self.submitted),
-            self.clock.ns(ended),
-            self.attributes,
-            SpanKind.SERVER,
-            status,
+            why = why or type(error).__name__
+        root = self.root
+        spans.append(
+            span(
+                "tritonforge.request",
+                root.trace_id.to_bytes(16, "big"),
+                root.span_id,
+                root.parent_id,
+                self.clock.ns(self.submitted),
+                self.clock.ns(ended),
+                self.attributes,
+                SERVER,
+                why,
+            )
         )
+        tracer = self.tracer
+        tracer.tracer.batches.add(spans)
         ttft = ""
         if first_token_at is not None and started is not None:
             ttft = f", first token after {(first_token_at - self.submitted) * 1000:.0f} ms"
         tokens = f", {prompt_tokens} prompt + {output_tokens} output tokens"
-        self.tracer.logger.log_info(
+        tracer.logger.log_info(
             f"[tritonforge] request {self.request_id}: {outcome}"
             f"{tokens if prompt_tokens is not None else ''}{ttft}, "
             f"{(ended - self.submitted) * 1000:.0f} ms "
-            f"(trace {self.root.trace_id:032x})"
+            f"(trace {root.trace_id:032x})"
         )
 
 
@@ -479,7 +501,9 @@ def runtime_tracer(
     settings = TraceSettings.from_env(env)
     if not settings.enabled:
         return None
-    return RuntimeTracer(*span_pipeline(settings, "tritonforge-runtime"), model, logger)
+    return RuntimeTracer(
+        tracer(settings, "tritonforge-runtime", "tritonforge.serving", env=env), model, logger
+    )
 
 
 def context_traceparent(context_json: str | None) -> str | None:

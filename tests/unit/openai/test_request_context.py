@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,7 +20,8 @@ from tritonforge.openai.request_context import (
     metadata,
     triton_call_settings,
 )
-from tritonforge.serving.tracing import TraceSettings, tracer_provider
+from tritonforge.serving.tracing import Tracer, TraceSettings, tracer
+from tritonforge.trace.otlp import decode, otlp_json, spans_of
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -40,9 +39,9 @@ async def broken(_request: Request) -> Response:
     return JSONResponse({"error": "model is busy"}, status_code=503)
 
 
-def _app(provider: TracerProvider | None = None) -> TestClient:
+def _app(with_tracer: Tracer | None = None) -> TestClient:
     routes = [Route("/v1/echo", echo, methods=["POST"]), Route("/v1/busy", broken)]
-    return TestClient(RequestContextMiddleware(Starlette(routes=routes), provider))
+    return TestClient(RequestContextMiddleware(Starlette(routes=routes), with_tracer))
 
 
 @pytest.fixture
@@ -82,21 +81,20 @@ def test_tracing_off_passes_the_clients_traceparent_on(client: TestClient) -> No
 
 
 def test_tracing_on_passes_its_own_span_on_under_the_clients() -> None:
-    exporter = InMemorySpanExporter()
-    provider = tracer_provider(TraceSettings("http://unused", 1.0), "test", exporter)
-    with _app(provider) as client:
+    bodies: list[bytes] = []
+    frontend = tracer(TraceSettings("http://unused", 1.0), "test", "t", bodies.append, env={})
+    with _app(frontend) as client:
         reply = client.post(
             "/v1/echo", headers={"traceparent": TRACEPARENT, "X-Request-Id": "abc-t"}
         )
-    provider.force_flush()
+    frontend.shutdown()
     forwarded = reply.json()["traceparent"]
-    [span] = exporter.get_finished_spans()
-    assert span.parent is not None and f"{span.parent.span_id:016x}" == CLIENT_SPAN
-    assert forwarded == f"00-{CLIENT_TRACE}-{span.context.span_id:016x}-01"
-    attributes = span.attributes or {}
-    assert attributes["tritonforge.request_id"] == "abc-t"
-    assert attributes["http.response.status_code"] == 200
-    assert span.name == "POST /v1/echo"
+    [span] = [s for body in bodies for s in spans_of(otlp_json(decode(body, "protobuf")))]
+    assert span.parent_id == CLIENT_SPAN and span.trace_id == CLIENT_TRACE
+    assert forwarded == f"00-{CLIENT_TRACE}-{span.span_id}-01"
+    assert span.attributes["tritonforge.request_id"] == "abc-t"
+    assert span.attributes["http.response.status_code"] == 200
+    assert span.name == "POST /v1/echo" and span.error is None
 
 
 def test_a_triton_call_carries_the_id_and_the_trace_context() -> None:

@@ -1,6 +1,7 @@
-"""The runtime's spans of a request, kept by an in-memory exporter: their tree under the
-caller's traceparent, their gen_ai attributes, the status of an error and of a cancel,
-and never a prompt's text. Real Runtime, scripted engine; no server."""
+"""The runtime's spans of a request, kept as the export requests its tracer sends and read
+back as the receiver reads them: their tree under the caller's traceparent, their gen_ai
+attributes, the status of an error and of a cancel, and never a prompt's text. Real
+Runtime, scripted engine; no server."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
 
 from tests import fakes
 from tests.unit.serving.test_request_ids import IdEngine
@@ -30,24 +28,52 @@ from tritonforge.serving.tracing import (
     TraceSettings,
     context_traceparent,
     engine_trace_headers,
+    parse_traceparent,
     runtime_tracer,
-    span_pipeline,
+    tracer,
 )
+from tritonforge.trace.otlp import SpanRecord, decode, otlp_json, spans_of
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 PROMPT = "canary-91e2 what is in this prompt stays out of every span"
 
 
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
+class Kept:
+    """Stands in for the OTLP/HTTP POST: keeps each encoded export request."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def __call__(self, body: bytes) -> None:
+        self.bodies.append(body)
+
+    def get_finished_spans(self) -> list[SpanRecord]:
+        """Every span sent so far, read back as the receiver and the timeline read them."""
+        return [
+            span
+            for body in self.bodies
+            for span in spans_of(otlp_json(decode(body, "application/x-protobuf")))
+        ]
+
+
+def runtime_tracer_keeping(exporter: Kept) -> RuntimeTracer:
+    settings = TraceSettings("http://unused", 1.0)
+    return RuntimeTracer(
+        tracer(settings, "test", "tritonforge.serving", exporter, env={}),
+        "m",
+        fakes.RecordingLogger(),
+    )
 
 
 @pytest.fixture
-def runtime(exporter: InMemorySpanExporter) -> Iterator[Runtime]:
-    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
+def exporter() -> Kept:
+    return Kept()
+
+
+@pytest.fixture
+def runtime(exporter: Kept) -> Iterator[Runtime]:
+    tracer = runtime_tracer_keeping(exporter)
     engine = fakes.ScriptedEngine(fakes.word_script(4), delay_s=0.02)  # sent one by one
     runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
     runtime.start()
@@ -63,15 +89,13 @@ def canary_request(stream: bool = True) -> GenerateRequest:
     return parse_request(inputs)
 
 
-def finished_spans(
-    runtime: Runtime, exporter: InMemorySpanExporter, roots: int = 1
-) -> list[ReadableSpan]:
+def finished_spans(runtime: Runtime, exporter: Kept, roots: int = 1) -> list[SpanRecord]:
     """Every span exported once each root ended (a root ends just after its FINAL send,
     which is what a test's channel waits for)."""
     assert runtime.tracer is not None
     deadline = time.monotonic() + 10
     while True:
-        runtime.tracer.provider.force_flush()
+        runtime.tracer.flush()
         spans = list(exporter.get_finished_spans())
         ended = sum(1 for span in spans if span.name == "tritonforge.request")
         if ended >= roots or time.monotonic() > deadline:
@@ -79,12 +103,12 @@ def finished_spans(
         time.sleep(0.01)
 
 
-def by_name(spans: list[ReadableSpan]) -> dict[str, ReadableSpan]:
+def by_name(spans: list[SpanRecord]) -> dict[str, SpanRecord]:
     return {span.name: span for span in spans}
 
 
 def test_a_streamed_request_is_one_tree_under_the_callers_span(
-    runtime: Runtime, exporter: InMemorySpanExporter
+    runtime: Runtime, exporter: Kept
 ) -> None:
     channel = fakes.RecordingChannel()
     runtime.submit(
@@ -96,44 +120,41 @@ def test_a_streamed_request_is_one_tree_under_the_callers_span(
     assert channel.done.wait(10)
     spans = by_name(finished_spans(runtime, exporter))
     root = spans["tritonforge.request"]
-    assert root.parent is not None and f"{root.parent.span_id:016x}" == CLIENT_SPAN
-    assert f"{root.context.trace_id:032x}" == CLIENT_TRACE
+    assert root.parent_id == CLIENT_SPAN and root.service == "test"
+    assert root.trace_id == CLIENT_TRACE
     for name in ("queue", "prefill", "decode", "sends", "response.final"):
         child = spans[f"tritonforge.{name}"]
-        assert child.parent is not None and child.parent.span_id == root.context.span_id, name
-        assert child.start_time is not None and child.end_time is not None
-        assert root.start_time is not None and root.end_time is not None
-        assert root.start_time <= child.start_time <= child.end_time <= root.end_time, name
-    attributes = root.attributes or {}
+        assert child.parent_id == root.span_id and child.trace_id == CLIENT_TRACE, name
+        assert root.start_ns <= child.start_ns <= child.end_ns <= root.end_ns, name
+    attributes = root.attributes
     assert attributes["tritonforge.request_id"] == "rid-1"
     assert attributes["gen_ai.request.model"] == "m"
     assert attributes["gen_ai.usage.input_tokens"] == len(PROMPT)
     assert attributes["gen_ai.usage.output_tokens"] == 4
-    assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert attributes["gen_ai.response.finish_reasons"] == ["length"]
     assert float(str(attributes["gen_ai.server.time_to_first_token"])) >= 0
     assert attributes["tritonforge.outcome"] == "finished"
-    assert root.status.status_code == StatusCode.UNSET
-    sends = (spans["tritonforge.sends"].attributes or {})["tritonforge.sends.count"]
+    assert root.error is None
+    sends = spans["tritonforge.sends"].attributes["tritonforge.sends.count"]
     assert 1 <= int(str(sends)) <= 3  # the deltas before the last (unless coalesced)
-    text = json.dumps([dict(span.attributes or {}) for span in spans.values()], default=str)
+    text = json.dumps([dict(span.attributes) for span in spans.values()], default=str)
     assert PROMPT not in text and "w0" not in text  # neither the prompt nor the output
 
 
 def test_a_request_without_a_traceparent_starts_a_trace_of_its_own(
-    runtime: Runtime, exporter: InMemorySpanExporter
+    runtime: Runtime, exporter: Kept
 ) -> None:
     channel = fakes.RecordingChannel()
     runtime.submit(canary_request(stream=False), channel, request_id="rid-2")
     assert channel.done.wait(10)
     root = by_name(finished_spans(runtime, exporter))["tritonforge.request"]
-    assert root.parent is None
+    assert root.parent_id == ""
 
 
 def test_a_cancelled_request_ends_its_span_in_error_saying_so(
-    exporter: InMemorySpanExporter,
+    exporter: Kept,
 ) -> None:
-    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
+    tracer = runtime_tracer_keeping(exporter)
     engine = fakes.ScriptedEngine(fakes.word_script(50), delay_s=0.02)
     runtime = Runtime(
         engine,
@@ -150,16 +171,14 @@ def test_a_cancelled_request_ends_its_span_in_error_saying_so(
     finally:
         runtime.stop()
     root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
-    assert (root.attributes or {})["tritonforge.outcome"] == "cancelled"
-    assert root.status.status_code == StatusCode.ERROR
-    assert root.status.description == "cancelled by the client"
+    assert root.attributes["tritonforge.outcome"] == "cancelled"
+    assert root.error == "cancelled by the client"
 
 
 def test_a_failed_request_ends_its_span_in_error_with_the_reason(
-    exporter: InMemorySpanExporter,
+    exporter: Kept,
 ) -> None:
-    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
+    tracer = runtime_tracer_keeping(exporter)
     runtime = Runtime(
         IdEngine(fail=True), fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer
     )
@@ -171,14 +190,11 @@ def test_a_failed_request_ends_its_span_in_error_with_the_reason(
     finally:
         runtime.stop()
     root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
-    assert (root.attributes or {})["tritonforge.outcome"] == "failed"
-    assert root.status.status_code == StatusCode.ERROR
-    assert "the engine broke" in (root.status.description or "")
+    assert root.attributes["tritonforge.outcome"] == "failed"
+    assert root.error is not None and "the engine broke" in root.error
 
 
-def test_a_refused_request_ends_its_span_at_once(
-    runtime: Runtime, exporter: InMemorySpanExporter
-) -> None:
+def test_a_refused_request_ends_its_span_at_once(runtime: Runtime, exporter: Kept) -> None:
     first = fakes.RecordingChannel()
     runtime.submit(canary_request(), first, request_id="twice")
     with pytest.raises(RequestError):
@@ -187,14 +203,14 @@ def test_a_refused_request_ends_its_span_at_once(
     refused = [
         span
         for span in finished_spans(runtime, exporter, roots=2)
-        if (span.attributes or {}).get("tritonforge.outcome") == "refused"
+        if span.attributes.get("tritonforge.outcome") == "refused"
     ]
-    assert len(refused) == 1 and refused[0].status.status_code == StatusCode.ERROR
-    assert "already in flight" in (refused[0].status.description or "")
+    assert len(refused) == 1 and refused[0].error is not None
+    assert "already in flight" in refused[0].error
 
 
 def test_a_caller_that_did_not_sample_its_trace_gets_no_spans(
-    runtime: Runtime, exporter: InMemorySpanExporter
+    runtime: Runtime, exporter: Kept
 ) -> None:
     channel = fakes.RecordingChannel()
     runtime.submit(canary_request(), channel, traceparent=f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00")
@@ -227,9 +243,8 @@ def test_tritons_trace_context_gives_its_traceparent() -> None:
     assert context_traceparent("{}") is None
 
 
-def test_admission_shows_its_decision_and_prediction(exporter: InMemorySpanExporter) -> None:
-    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
+def test_admission_shows_its_decision_and_prediction(exporter: Kept) -> None:
+    tracer = runtime_tracer_keeping(exporter)
     admission = Admission(AdmissionSettings(mode="observe"))
     engine = fakes.ScriptedEngine(fakes.word_script(3))
     runtime = Runtime(
@@ -251,11 +266,9 @@ def test_admission_shows_its_decision_and_prediction(exporter: InMemorySpanExpor
     decisions = {}
     for span in spans:
         if span.name == "tritonforge.admission":
-            root = next(
-                s for s in spans if s.context.span_id == (span.parent and span.parent.span_id)
-            )
-            request_id = (root.attributes or {})["tritonforge.request_id"]
-            decisions[request_id] = dict(span.attributes or {})
+            root = next(s for s in spans if s.span_id == span.parent_id)
+            request_id = root.attributes["tritonforge.request_id"]
+            decisions[request_id] = dict(span.attributes)
     assert decisions["no-slo"]["tritonforge.admission.decision"] == "no_slo"
     assert decisions["slo"]["tritonforge.admission.decision"] == "admitted"
 
@@ -288,10 +301,9 @@ class HeaderEngine(fakes.ScriptedEngine):
 
 
 def test_an_engine_that_traces_itself_gets_the_request_span_as_parent(
-    exporter: InMemorySpanExporter,
+    exporter: Kept,
 ) -> None:
-    provider, processor = span_pipeline(TraceSettings("http://unused", 1.0), "test", exporter)
-    tracer = RuntimeTracer(provider, processor, "m", fakes.RecordingLogger())
+    tracer = runtime_tracer_keeping(exporter)
     engine = HeaderEngine()
     runtime = Runtime(engine, fakes.RecordingMetrics(), fakes.RecordingLogger(), tracer=tracer)
     runtime.start()
@@ -308,5 +320,42 @@ def test_an_engine_that_traces_itself_gets_the_request_span_as_parent(
     finally:
         runtime.stop()
     root = by_name(list(exporter.get_finished_spans()))["tritonforge.request"]
-    expected = f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-01"
+    expected = f"00-{CLIENT_TRACE}-{root.span_id}-01"
     assert engine.headers == {"traced": {"traceparent": expected}, "not-sampled": None}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "not a traceparent",
+        f"ff-{CLIENT_TRACE}-{CLIENT_SPAN}-01",  # version ff is invalid
+        f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01-more",  # version 00 ends at its flags
+        f"00-{'0' * 32}-{CLIENT_SPAN}-01",
+        f"00-{CLIENT_TRACE}-{'0' * 16}-01",
+        f"00-{CLIENT_TRACE.upper()}-{CLIENT_SPAN}-01",
+    ],
+)
+def test_a_malformed_traceparent_is_no_parent(value: str | None) -> None:
+    assert parse_traceparent(value) is None
+
+
+def test_a_traceparent_gives_its_ids_and_sampled_flag() -> None:
+    parent = parse_traceparent(f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
+    assert parent is not None and parent.sampled
+    assert (parent.trace_id, parent.span_id) == (int(CLIENT_TRACE, 16), int(CLIENT_SPAN, 16))
+    later = parse_traceparent(f"01-{CLIENT_TRACE}-{CLIENT_SPAN}-00-what-a-later-version-adds")
+    assert later is not None and not later.sampled
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 1.0])
+def test_requests_without_a_parent_are_sampled_at_the_ratio(ratio: float) -> None:
+    chosen = tracer(TraceSettings("http://unused", ratio), "t", "s", Kept(), env={})
+    try:
+        sampled = sum(chosen.start(None) is not None for _ in range(4000))
+        client = chosen.start(f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")  # the caller decides
+    finally:
+        chosen.shutdown()
+    assert abs(sampled / 4000 - ratio) < 0.04
+    assert client is not None and client.parent_id == int(CLIENT_SPAN, 16)
