@@ -2,12 +2,16 @@
 
 Why: a change to the serving path is judged against the code before it on the same
 machine, in rounds that alternate between the two, so that a drift of the machine over
-the run falls on both. The ceiling runner serves the code of the work tree the venv
-imports, so this checks each commit out in that tree in turn (the tree must be clean; the
-branch is restored at the end) and runs the contract once per commit per round, the
-commits' order rotated each round. Each run writes its own results directory, which
-records the commit it served (``environment.served_code``); ``ab-<first run>.json`` beside
-them lists every row.
+the run falls on both. The ceiling runner serves the code the venv that runs it imports,
+and the work tree is shared (other sessions edit and run it at the same time), so each
+commit is served from a ``git worktree`` of its own under ``.cache/ab/`` through a venv of
+its own there: that venv reads the serving venv's packages, but finds ``tritonforge`` in
+the commit's tree first — for the runner, the OpenAI frontend and Triton's stubs alike.
+The work tree is never checked out or touched, and may have uncommitted changes. The
+contract runs once per commit per round, the commits' order rotated each round, with this
+tree's models and backends (``TRITONFORGE_CACHE``). Each run writes its own results
+directory, which records the commit it served (``environment.served_code``, asked of the
+stubs' interpreter); ``ab-<first run>.json`` beside them lists every row.
 
     python -m tritonforge.bench ab --contract perf/contracts/serving-path-ab.yaml \\
         --rounds 3 79f8c6e 6a35ba6
@@ -16,26 +20,79 @@ them lists every row.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tritonforge.bench.ceiling import load_ceiling_contract
 from tritonforge.bench.run_plan import rotated
-from tritonforge.paths import REPO_ROOT
+from tritonforge.paths import CACHE_DIR, REPO_ROOT
+
+#: Where each commit's worktree and venv live while a run needs them.
+AB_DIR = CACHE_DIR / "ab"
 
 
-class DirtyTree(RuntimeError):
-    """Checking out another commit would carry uncommitted changes into every run."""
-
-
-def git(*args: str) -> str:
+def git(*args: str, cwd: Path = REPO_ROOT) -> str:
     return subprocess.run(
-        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+def overlay_venv(where: Path, tree: Path) -> Path:
+    """A venv at ``where`` that imports ``tritonforge`` from ``tree`` and everything else
+    from this venv; its interpreter.
+
+    Its one ``.pth`` file puts ``tree`` on ``sys.path`` ahead of this venv's site-packages
+    (added after it, its own ``.pth`` files run): the standard path finder then finds the
+    commit's ``tritonforge`` before the editable install's finder, which comes last. A
+    ``.pth`` is read in the isolated mode Triton's stubs run in too.
+    """
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(site) / "00-tritonforge-ab.pth").write_text(
+        f"{tree}\nimport site; site.addsitedir({ours!r})\n"
+    )
+    return python
+
+
+@contextmanager
+def served_trees(commits: Sequence[str]) -> Iterator[dict[str, Path]]:
+    """Each commit's worktree and the interpreter that serves it; removed at the end."""
+    AB_DIR.mkdir(parents=True, exist_ok=True)
+    pythons: dict[str, Path] = {}
+    trees: list[Path] = []
+    try:
+        for commit in commits:
+            tree = Path(tempfile.mkdtemp(prefix=f"{commit}-", dir=AB_DIR))
+            git("worktree", "add", "--detach", str(tree / "src"), commit)
+            trees.append(tree)
+            pythons[commit] = overlay_venv(tree / "venv", tree / "src")
+        yield pythons
+    finally:
+        for tree in trees:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree / "src")],
+                cwd=REPO_ROOT,
+                check=False,
+                capture_output=True,
+            )
+            shutil.rmtree(tree, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=REPO_ROOT, check=False)
 
 
 def schedule(commits: Sequence[str], rounds: int) -> list[tuple[int, str]]:
@@ -73,27 +130,26 @@ def summary_rows(commit: str, round_index: int, run: Path) -> list[dict[str, Any
 
 def run_ab(contract_path: Path, commits: Sequence[str], rounds: int, results: Path) -> Path | None:
     """Run the contract per commit per round; the summary's path (None if nothing ran)."""
-    if git("status", "--porcelain", "--untracked-files=no"):
-        raise DirtyTree("the work tree has uncommitted changes: commit them first")
     name = load_ceiling_contract(contract_path).name
-    branch = git("rev-parse", "--abbrev-ref", "HEAD")
-    start = git("rev-parse", "HEAD") if branch == "HEAD" else branch
     resolved = [git("rev-parse", "--short", c) for c in commits]
+    results = results.resolve()
     rows: list[dict[str, Any]] = []
     # an older commit may not have the contract: every run reads a copy kept outside the tree
-    with tempfile.TemporaryDirectory(prefix="ab-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="ab-") as scratch, served_trees(resolved) as pythons:
         contract = Path(scratch) / contract_path.name
         contract.write_text(contract_path.read_text())
-        try:
-            for index, commit in schedule(resolved, rounds):
-                git("checkout", "-q", commit)
-                command = [sys.executable, "-m", "tritonforge.bench", "ceiling"]
-                command += ["--contract", str(contract), "--results", str(results)]
-                subprocess.run(command, cwd=REPO_ROOT, check=True)
-                rows += summary_rows(commit, index, newest_run(results, name))
-                print(json.dumps(rows[-1]), flush=True)
-        finally:
-            git("checkout", "-q", start)
+        env = {**os.environ, "TRITONFORGE_CACHE": str(CACHE_DIR)}  # this tree's models
+        for index, commit in schedule(resolved, rounds):
+            command = [str(pythons[commit]), "-m", "tritonforge.bench", "ceiling"]
+            command += ["--contract", str(contract), "--results", str(results)]
+            tree = pythons[commit].parent.parent.parent / "src"
+            subprocess.run(command, cwd=tree, env=env, check=True)
+            run = newest_run(results, name)
+            served = json.loads((run / "results.json").read_text())["environment"]["git_commit"]
+            if not served.startswith(commit):
+                raise RuntimeError(f"the run for {commit} served {served[:12]}")
+            rows += summary_rows(commit, index, run)
+            print(json.dumps(rows[-1]), flush=True)
     if not rows:
         return None
     out = results / name / f"ab-{rows[0]['run']}.json"

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc import service_pb2
 
 from tritonforge.bench import ceiling
-from tritonforge.bench.ab import schedule
+from tritonforge.bench.ab import overlay_venv, schedule
 from tritonforge.bench.ceiling import (
     assemble_repository,
     load_ceiling_contract,
     summarize,
 )
 from tritonforge.bench.contract import ContractError
+from tritonforge.bench.environment import imported_tree
 from tritonforge.bench.run_plan import rotated
 from tritonforge.bench.stream_clients import (
     Client,
@@ -141,3 +143,17 @@ def test_a_stream_that_never_ends_is_an_error_not_a_hang(monkeypatch: pytest.Mon
 
 def test_ab_runs_every_commit_once_a_round_in_rotated_order() -> None:
     assert schedule(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+
+
+def test_ab_serves_a_commit_from_its_own_tree(tmp_path: Path) -> None:
+    """The venv a commit runs in imports that commit's tritonforge — asked the way
+    Triton's stubs import it — and this venv's packages beside it."""
+    tree = tmp_path / "tree"
+    (tree / "tritonforge").mkdir(parents=True)
+    (tree / "tritonforge" / "__init__.py").write_text("")
+    python = overlay_venv(tmp_path / "venv", tree)
+    assert imported_tree(python) == tree.resolve()
+    done = subprocess.run(
+        [str(python), "-I", "-c", "import numpy, opentelemetry.proto"], check=False
+    )
+    assert done.returncode == 0
