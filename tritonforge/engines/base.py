@@ -156,6 +156,10 @@ class Engine(TokenLimits):
     #: sequences of one prompt together raises it; the others refuse n > 1, naming it.
     max_n: int = 1
 
+    #: Sequences the engine decodes at once (None: no bound it can state). SLO admission
+    #: predicts the wait for a free slot from it.
+    max_running: int | None = None
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any], model_dir: Path) -> Self:
         """Build (not start) the engine from its configuration file's contents.

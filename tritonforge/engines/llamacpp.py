@@ -396,7 +396,7 @@ class LlamaCppEngine(MailboxStreams[_Job]):
         self._running: list[_Sequence] = []  # the worker's, in admission order
         self._slots = [Slot(seq_id) for seq_id in range(self._n_parallel)]
         # n sequences of one request run in n slots, sharing its prompt's evaluation.
-        self.max_n = self._n_parallel
+        self.max_n = self.max_running = self._n_parallel
         self._tick = 0
         self._on_context: str | None = None  # the key of the adapter set on the context
         self._worker: threading.Thread | None = None

@@ -223,6 +223,7 @@ class SyntheticEngine(MailboxStreams[SyntheticSequence], HFTokenizedEngine):
 
     def __init__(self, settings: SyntheticSettings) -> None:
         self.settings = settings
+        self.max_running = settings.max_num_seqs
         self._max_context = settings.max_model_len
         self._vocab: Vocabulary | None = None
         self._waiting: collections.deque[SyntheticSequence] = collections.deque()

@@ -288,6 +288,7 @@ class VllmEngine(HFTokenizedEngine):
             _log.info(line)
         self._tokenizer = self._engine.get_tokenizer()
         self._max_context = self._engine.model_config.max_model_len
+        self.max_running = self._engine.vllm_config.scheduler_config.max_num_seqs
         self._vocab_size = self._engine.model_config.get_vocab_size()
 
     async def shutdown(self) -> None:

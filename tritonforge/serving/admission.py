@@ -19,7 +19,14 @@ and ``elapsed`` seconds since the engine's last step ended:
 * predicted TPOT of everyone once it joins = step(batch + 1)
 
 ``elapsed`` is the part of the step in progress that has already run: a request
-arriving late in a long step waits that much less for the engine to take it. The line
+arriving late in a long step waits that much less for the engine to take it.
+
+An engine that decodes at most ``capacity`` sequences at once (vLLM's ``max_num_seqs``,
+llama.cpp's ``n_parallel``) makes a request that finds every slot taken wait for one to
+free: that wait is the remaining tokens of the request that ends first, at the full
+batch's step, queued behind those already waiting for a slot (each holds its slot for its
+``max_tokens``). Such a request's TTFT is then predicted as that wait, its own prefill and
+a step; it does not feed the prefill line, whose points must be prefill. The line
 is fitted on TTFT + elapsed, the time from the step's start, so arrival phase is not
 noise in it. Replaying the vLLM timeline recorded at saturation
 (tests/unit/serving/data/vllm_timeline_4rps.json) the median error after 100 requests
@@ -37,7 +44,11 @@ request joined, a request that joined a batch of one and decoded in a batch of s
 counts the batch's growth as error, and the inflated scale refuses everything at low
 load; with nothing admitted no request finishes to correct it.
 A request without an SLO is never refused here; nothing is refused before the
-predictor has seen ``min_samples`` first tokens (it could not say why). The model's
+predictor has seen ``min_samples`` first tokens (it could not say why). The scaling reads
+only ratios of the last ``RATIO_MAX_AGE_S``, and a request that finds the engine idle is
+judged on its prediction unscaled: the ratios measure how queues ran over the model, an
+idle engine has none, and with every request refused no ratio could ever correct a stale
+one. The model's
 runtime owns one and drops it with the engine, so a restarted engine starts afresh.
 
 Pure: no Triton types, no engine types, thread-safe (``submit`` runs on Triton's thread,
@@ -46,6 +57,7 @@ observations on the engine loop); unit-tested against recorded engine timelines.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -70,6 +82,9 @@ MAX_PENDING_ERRORS = 4096
 RATIO_WINDOW = 256
 #: How many times more slowly the prefill line's moments forget than the step EWMAs.
 LINE_SLOWER = 4
+#: Seconds an actual / predicted ratio counts towards the scaling: a burst's outliers
+#: must not outlive the burst.
+RATIO_MAX_AGE_S = 60.0
 #: Longest time since the engine's last step counted as that step's elapsed part: past
 #: it the engine is stalled or in one long prefill, and how much of it is left is unknown.
 MAX_STEP_ELAPSED_S = 1.0
@@ -268,6 +283,9 @@ class _Tracked:
     elapsed_s: float  # how long the engine's step in progress had run at arrival
     predicted_ttft_s: float | None
     slo_tpot_s: float | None
+    max_tokens: int = 16  # tokens it may hold its slot for
+    slots: int = 1  # sequences it decodes (n)
+    slot_wait_s: float = 0.0  # predicted wait for a free slot at arrival
     last_token_at: float | None = None
     first_token_at: float | None = None
     tokens_after_first: int = 0
@@ -292,18 +310,20 @@ class Admission:
         clock: Callable[[], float] = time.monotonic,
         engine_running: Callable[[], int] = lambda: 0,
         exporter: Callable[[AdmissionSnapshot], None] | None = None,
+        capacity: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self._exporter = exporter
         self._clock = clock
         self._engine_running = engine_running
+        self._capacity = capacity
         self._lock = threading.Lock()
         self._requests: dict[str, _Tracked] = {}
         self._decisions = dict.fromkeys(DECISIONS, 0)
         self._errors: list[float] = []
-        # recent actual / predicted TTFT, and mean TPOT / the step predicted at admission
-        self._ttft_ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
-        self._tpot_ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
+        # recent (when, actual / predicted TTFT), and (when, mean TPOT / the step predicted)
+        self._ttft_ratios: deque[tuple[float, float]] = deque(maxlen=RATIO_WINDOW)
+        self._tpot_ratios: deque[tuple[float, float]] = deque(maxlen=RATIO_WINDOW)
         self.predictor = LatencyPredictor(settings.alpha)
 
     def reset(self) -> None:
@@ -332,36 +352,91 @@ class Admission:
         )
         return 0.0 if last is None else min(max(now - last, 0.0), MAX_STEP_ELAPSED_S)
 
+    def _slot_wait(self, slots: int) -> float:
+        """Seconds until ``slots`` more sequences find free slots, behind those already
+        waiting for one; 0 with room, or without a known capacity or step (locked).
+
+        A running sequence frees its slot after its remaining tokens at the full batch's
+        step; one waiting takes the first slot to free and holds it for its prefill and
+        ``max_tokens`` steps. Remaining tokens are counted to ``max_tokens``: a sequence
+        that stops early frees its slot sooner, and the TTFT ratios scale that back.
+        """
+        capacity = self._capacity()
+        if not capacity:
+            return 0.0
+        step = self.predictor.step(capacity)
+        decoding = [r for r in self._requests.values() if r.last_token_at is not None]
+        waiting = [r for r in self._requests.values() if r.last_token_at is None]
+        busy = sum(r.slots for r in decoding) + sum(r.slots for r in waiting)
+        if step is None or busy + slots <= capacity:
+            return 0.0
+        free_at = [
+            max(r.max_tokens - 1 - r.tokens_after_first, 0) * step
+            for r in decoding
+            for _ in range(r.slots)
+        ]
+        free_at += [0.0] * max(capacity - len(free_at), 0)
+        heapq.heapify(free_at)
+        for r in sorted(waiting, key=lambda r: r.arrived):
+            prefill = self.predictor.ttft(r.prompt_tokens, capacity) or step
+            starts = [heapq.heappop(free_at) for _ in range(min(r.slots, len(free_at)))]
+            begin = max(starts, default=0.0)
+            for _ in starts:
+                heapq.heappush(free_at, begin + prefill + r.max_tokens * step)
+        return max(heapq.nsmallest(min(slots, len(free_at)), free_at), default=0.0)
+
+    def _idle(self) -> bool:
+        """Nothing admitted is in flight and the engine runs nothing (locked)."""
+        return not self._requests and self._engine_running() == 0
+
     def admit(self, request_id: str, prompt_tokens: int, sampling: SamplingParams) -> None:
         """Register the request, or raise :class:`SloUnattainable` naming the prediction."""
         ttft_slo = _seconds(sampling.slo_ttft_ms)
         tpot_slo = _seconds(sampling.slo_tpot_ms)
         with self._lock:
             now = self._clock()
+            idle = self._idle()
             queued, batch = self._queued_and_batch()
-            work = queued + prompt_tokens
             elapsed = self._step_elapsed(now)
-            predicted = self.predictor.ttft(work, batch + 1, elapsed)
+            wait = self._slot_wait(sampling.n)
+            if wait > 0:  # every slot taken: its prefill starts when one frees
+                capacity = self._capacity() or batch + 1
+                own = self.predictor.ttft(prompt_tokens, capacity)
+                work, predicted = prompt_tokens, None if own is None else wait + own
+            else:
+                work = queued + prompt_tokens
+                predicted = self.predictor.ttft(work, batch + 1, elapsed)
             refusal = None
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
             else:
-                decision, refusal = self._judge(predicted, ttft_slo, tpot_slo, batch + 1)
+                decision, refusal = self._judge(predicted, ttft_slo, tpot_slo, batch + 1, idle)
             self._decisions[decision] += 1
             if refusal is None:
                 self._requests[request_id] = _Tracked(
-                    prompt_tokens, work, now, elapsed, predicted, tpot_slo
+                    prompt_tokens,
+                    work,
+                    now,
+                    elapsed,
+                    predicted,
+                    tpot_slo,
+                    max_tokens=sampling.max_tokens,
+                    slots=sampling.n,
+                    slot_wait_s=wait,
                 )
                 return
         raise refusal
 
-    def _scale(self, ratios: deque[float]) -> float:
-        """The ``quantile`` of recent actual / predicted ``ratios``; 1 until there are
-        ``min_samples`` of them, or with quantile 0 (locked)."""
+    def _scale(self, ratios: deque[tuple[float, float]]) -> float:
+        """The ``quantile`` of the actual / predicted ``ratios`` of the last
+        ``RATIO_MAX_AGE_S``; 1 while fewer than ``min_samples``, or with quantile 0 (locked)."""
+        oldest = self._clock() - RATIO_MAX_AGE_S
+        while ratios and ratios[0][0] < oldest:
+            ratios.popleft()
         q = self.settings.quantile
         if q <= 0 or len(ratios) < self.settings.min_samples:
             return 1.0
-        ordered = sorted(ratios)
+        ordered = sorted(ratio for _, ratio in ratios)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
     def screen(self, sampling: SamplingParams) -> None:
@@ -378,7 +453,7 @@ class Admission:
             if not self._may_refuse():
                 return
             _, batch = self._queued_and_batch()
-            refusal = self._tpot_refusal(_seconds(sampling.slo_tpot_ms), batch + 1)
+            refusal = self._tpot_refusal(_seconds(sampling.slo_tpot_ms), batch + 1, self._idle())
             if refusal is None:
                 return
             self._decisions[REFUSED_TPOT] += 1
@@ -389,27 +464,35 @@ class Admission:
         return self.settings.enabled and self.predictor.samples >= self.settings.min_samples
 
     def _judge(
-        self, predicted: float | None, ttft_slo: float | None, tpot_slo: float | None, batch: int
+        self,
+        predicted: float | None,
+        ttft_slo: float | None,
+        tpot_slo: float | None,
+        batch: int,
+        idle: bool,
     ) -> tuple[str, SloUnattainable | None]:
         """The decision, and the refusal to raise once unlocked (locked).
 
         Predictions are scaled (:meth:`_scale`) only here, where a refusal is possible:
-        a model that observes, or a request without the SLO, pays nothing for it.
+        a model that observes, or a request without the SLO, pays nothing for it; a
+        request to an ``idle`` engine is judged unscaled.
         """
         if not self._may_refuse():
             return ADMITTED, None
         keep = 1.0 - self.settings.margin
         if ttft_slo is not None and predicted is not None:
-            scaled = predicted * self._scale(self._ttft_ratios)
+            scaled = predicted * (1.0 if idle else self._scale(self._ttft_ratios))
             if scaled > ttft_slo * keep:
                 retry = math.ceil(max(scaled - ttft_slo, 1.0))
                 return REFUSED_TTFT, SloUnattainable("TTFT", scaled * 1000, ttft_slo * 1000, retry)
-        refusal = self._tpot_refusal(tpot_slo, batch)
+        refusal = self._tpot_refusal(tpot_slo, batch, idle)
         return (REFUSED_TPOT, refusal) if refusal is not None else (ADMITTED, None)
 
-    def _tpot_refusal(self, tpot_slo: float | None, batch: int) -> SloUnattainable | None:
+    def _tpot_refusal(
+        self, tpot_slo: float | None, batch: int, idle: bool = False
+    ) -> SloUnattainable | None:
         """The refusal if the step at ``batch`` breaks the tightest TPOT SLO, the request's
-        own or a running one's (locked)."""
+        own or a running one's (locked); unscaled on an ``idle`` engine."""
         step = self.predictor.step(batch)
         tightest = min(
             [r.slo_tpot_s for r in self._requests.values() if r.slo_tpot_s is not None]
@@ -419,7 +502,7 @@ class Admission:
         if step is None or tightest is None:
             return None
         # scaled like a TTFT, by how requests' mean TPOT ran over their predicted step
-        step *= self._scale(self._tpot_ratios)
+        step *= 1.0 if idle else self._scale(self._tpot_ratios)
         if step > tightest * (1.0 - self.settings.margin):
             return SloUnattainable("TPOT", step * 1000, tightest * 1000, 1)
         return None
@@ -436,14 +519,17 @@ class Admission:
             _, batch = self._queued_and_batch()
             if tracked.last_token_at is None:
                 ttft = now - tracked.arrived
-                self.predictor.observe_first_token(
-                    tracked.work_tokens, ttft, max(batch, 1), tracked.elapsed_s
-                )
+                if tracked.slot_wait_s == 0:  # a slot's wait is not prefill
+                    self.predictor.observe_first_token(
+                        tracked.work_tokens, ttft, max(batch, 1), tracked.elapsed_s
+                    )
+                else:
+                    self.predictor.samples += 1
                 if tracked.predicted_ttft_s is not None and ttft > 0:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
                     if tracked.predicted_ttft_s > 0:
-                        self._ttft_ratios.append(ttft / tracked.predicted_ttft_s)
+                        self._ttft_ratios.append((now, ttft / tracked.predicted_ttft_s))
                 tracked.first_token_at = now
             else:
                 # every running request sees this step: a slow one (a prompt prefilled
@@ -473,7 +559,7 @@ class Admission:
             predicted = self.predictor.step(round(tracked.batch_tokens / tokens))
             if predicted:
                 tpot = (tracked.last_token_at - tracked.first_token_at) / tokens
-                self._tpot_ratios.append(tpot / predicted)
+                self._tpot_ratios.append((self._clock(), tpot / predicted))
 
     def export(self) -> None:
         """Hand a snapshot to the exporter (the metrics), if there is one."""

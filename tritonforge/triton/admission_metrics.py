@@ -91,6 +91,9 @@ def model_admission(
         return None, None
     metrics = AdmissionMetrics(pb_utils, engine.metric_prefix, labels)
     admission = Admission(
-        settings, engine_running=lambda: engine.stats().running, exporter=metrics.export
+        settings,
+        engine_running=lambda: engine.stats().running,
+        exporter=metrics.export,
+        capacity=lambda: engine.max_running,
     )
     return admission, metrics

@@ -20,6 +20,7 @@ from tritonforge.serving.admission import (
     DECISIONS,
     MAX_STEP_ELAPSED_S,
     NO_SLO,
+    RATIO_MAX_AGE_S,
     REFUSED_TPOT,
     REFUSED_TTFT,
     Admission,
@@ -396,9 +397,17 @@ def test_snapshot_exports_counters_and_the_typical_prediction() -> None:
 # --- settings and model defaults -----------------------------------------------------
 
 
+def keep_busy(admission: Admission) -> None:
+    """One request decoding, without an SLO: the engine is not idle, so predictions
+    are scaled."""
+    admission.admit("busy", 10, SamplingParams(max_tokens=1000))
+    admission.saw_tokens("busy", 1)
+
+
 def running_late(quantile: float) -> Admission:
     """A predictor fixed at 150 ms for a 100-token prompt (1 ms a token, 50 ms a step)
-    whose last 20 requests all had their first token at 300 ms: twice the prediction."""
+    whose last 20 requests all had their first token at 300 ms: twice the prediction;
+    one request still decoding."""
     clock = Clock()
     settings = AdmissionSettings(
         mode="on", min_samples=4, margin=0.0, alpha=1e-9, quantile=quantile
@@ -411,6 +420,7 @@ def running_late(quantile: float) -> Admission:
         clock.now += 0.3
         admission.saw_tokens(f"r{i}", 1)
         admission.release(f"r{i}")
+    keep_busy(admission)
     return admission
 
 
@@ -438,6 +448,7 @@ def test_the_step_is_scaled_by_how_far_requests_mean_tpot_ran_over_it() -> None:
             clock.now += 0.1
             admission.saw_tokens(f"r{i}", 1)
         admission.release(f"r{i}")
+    keep_busy(admission)
     admission.admit("loose", 10, SamplingParams(slo_tpot_ms=120))  # 2 x 50 ms fits
     admission.release("loose")
     with pytest.raises(SloUnattainable, match="predicted TPOT 100 ms exceeds slo_tpot_ms 80"):
@@ -473,6 +484,73 @@ def test_a_batch_that_grew_after_a_request_joined_is_not_counted_as_error() -> N
         admission.saw_tokens(request_id, 1)
     admission.admit("joiner", 10, SamplingParams(slo_tpot_ms=150))  # step(4) ~ 54 ms
     assert admission.snapshot().decisions[REFUSED_TPOT] == 0
+
+
+def test_an_idle_engine_judges_its_prediction_unscaled() -> None:
+    """Requests ran at twice their prediction, then everything finished: a request to
+    the idle engine is judged on its own prediction (150 ms fits 250 ms). Scaled, it and
+    every request after it would be refused, and with nothing admitted no ratio could
+    ever come back down."""
+    admission = running_late(quantile=0.95)
+    admission.release("busy")
+    admission.admit("alone", 100, SamplingParams(slo_ttft_ms=250))
+    assert admission.snapshot().decisions[REFUSED_TTFT] == 0
+
+
+def test_ratios_older_than_their_window_no_longer_scale() -> None:
+    admission = running_late(quantile=0.95)
+    clock = admission._clock
+    assert isinstance(clock, Clock)
+    clock.now += RATIO_MAX_AGE_S + 1
+    admission.admit("later", 100, SamplingParams(slo_ttft_ms=250))  # 150 ms, unscaled
+    assert admission.snapshot().decisions[REFUSED_TTFT] == 0
+
+
+def full_engine(capacity: int = 2) -> tuple[Admission, Clock]:
+    """Two slots, both decoding requests of 100 tokens that have 40 and 80 left; a
+    step of 30 ms, prefill 1 ms a token."""
+    clock = Clock()
+    settings = AdmissionSettings(mode="on", min_samples=1, margin=0.0, quantile=0.0)
+    admission = Admission(settings, clock=clock, capacity=lambda: capacity)
+    for request_id, done in (("a", 60), ("b", 20)):
+        admission.admit(request_id, 10, SamplingParams(max_tokens=101))
+        admission.saw_tokens(request_id, 1)
+        admission.saw_tokens(request_id, done)
+    admission.predictor = LatencyPredictor(prefill_s_per_token=0.001, step_s={2: 0.03}, samples=10)
+    return admission, clock
+
+
+def test_a_request_finding_every_slot_taken_waits_for_the_first_to_free() -> None:
+    """The first slot frees after 40 steps (1.2 s); then the request's own prefill
+    (100 ms) and a step (30 ms): 1.33 s predicted. A 1 s SLO cannot be kept."""
+    admission, _ = full_engine()
+    with pytest.raises(SloUnattainable, match="predicted TTFT 1330 ms"):
+        admission.admit("late", 100, SamplingParams(slo_ttft_ms=1000))
+    admission.admit("fits", 100, SamplingParams(slo_ttft_ms=1500))
+    assert admission.predicted_ttft_s("fits") == pytest.approx(1.33)
+
+
+def test_a_request_waits_behind_those_already_waiting_for_a_slot() -> None:
+    """ "first" takes the slot freed at 1.2 s; the next frees at 2.4 s (80 steps)."""
+    admission, _ = full_engine()
+    admission.admit("first", 100, SamplingParams(max_tokens=200))
+    admission.admit("second", 100, SamplingParams())
+    assert admission.predicted_ttft_s("second") == pytest.approx(2.4 + 0.13)
+
+
+def test_with_a_free_slot_there_is_no_slot_wait() -> None:
+    admission, _ = full_engine(capacity=3)
+    admission.admit("free", 100, SamplingParams(slo_ttft_ms=1000))
+    assert admission.predicted_ttft_s("free") == pytest.approx(0.13)
+
+
+def test_a_slot_wait_does_not_feed_the_prefill_line() -> None:
+    admission, clock = full_engine()
+    admission.admit("late", 100, SamplingParams())
+    line = (admission.predictor.prefill_fixed_s, admission.predictor.prefill_s_per_token)
+    clock.now += 1.3
+    admission.saw_tokens("late", 1)
+    assert (admission.predictor.prefill_fixed_s, admission.predictor.prefill_s_per_token) == line
 
 
 def test_quantile_zero_compares_the_prediction_itself() -> None:
