@@ -3,13 +3,13 @@
 Why not the OpenTelemetry SDK's spans, batch processor and exporter: a traced request's
 cost is all per request (a handful of spans, one export's share), and on the unpaced
 synthetic engine its 256 tokens leave in one or two responses, so that cost is a visible
-share of the request. Timed offline (``perf/results/tracing-parts``), the SDK's generic
-encoder alone takes about 17 µs a span, more than building the finished span and its
-protobuf message together takes here; so spans are made once, as the
-``opentelemetry.proto`` ``Span`` messages the wire carries, queued, and sent by one
-thread as one ``ExportTraceServiceRequest`` a batch — the SDK's batching rules
-(``OTEL_BSP_SCHEDULE_DELAY``, ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
-``OTEL_BSP_MAX_QUEUE_SIZE``), the same protocol, no per-span Python objects between.
+share of the request. The SDK builds a span object per span, hands it through its batch
+processor, and encodes every batch with its generic encoder on its export thread (holding
+the GIL); here spans are made once, as the ``opentelemetry.proto`` ``Span`` messages the
+wire carries, queued, and sent by one thread as one ``ExportTraceServiceRequest`` a
+batch: the SDK's batching rules (``OTEL_BSP_SCHEDULE_DELAY``,
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``, ``OTEL_BSP_MAX_QUEUE_SIZE``), the same protocol, about
+half the process CPU a traced request (``perf/results/tracing-parts``).
 """
 
 from __future__ import annotations
