@@ -123,6 +123,24 @@ VARIABLES: tuple[Variable, ...] = (
         f"{LAUNCHER}, {SERVER}, {OPENAI}",
     ),
     Variable(
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "5000",
+        "milliseconds between batches of spans sent (tritonforge/serving/otlp_export.py)",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "512",
+        "spans in one batch; this many waiting send a batch before its time",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
+        "OTEL_BSP_MAX_QUEUE_SIZE",
+        "2048",
+        "spans waiting to be sent at most; a request's spans beyond it are dropped",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
         "TRITONFORGE_TEST_MODELS",
         "every model that runs here",
         "comma-separated models the session server loads",
