@@ -9,9 +9,10 @@ its own there: that venv reads the serving venv's packages, but finds ``tritonfo
 the commit's tree first — for the runner, the OpenAI frontend and Triton's stubs alike.
 The work tree is never checked out or touched, and may have uncommitted changes. The
 contract runs once per commit per round, the commits' order rotated each round, with this
-tree's models and backends (``TRITONFORGE_CACHE``). Each run writes its own results
-directory, which records the commit it served (``environment.served_code``, asked of the
-stubs' interpreter); ``ab-<first run>.json`` beside them lists every row.
+tree's models and backends (``TRITONFORGE_MODELS``, ``TRITONFORGE_CACHE``). Each run
+writes its own results directory, which records the commit it served
+(``environment.served_code``, asked of the stubs' interpreter); ``ab-<first run>.json``
+beside them lists every row.
 
     python -m tritonforge.bench ab --contract perf/contracts/serving-path-ab.yaml \\
         --rounds 3 79f8c6e 6a35ba6
@@ -33,6 +34,7 @@ from typing import Any
 
 from tritonforge.bench.ceiling import load_ceiling_contract
 from tritonforge.bench.run_plan import rotated
+from tritonforge.launch.model_store import models_dir
 from tritonforge.paths import CACHE_DIR, REPO_ROOT
 
 #: Where each commit's worktree and venv live while a run needs them.
@@ -138,7 +140,9 @@ def run_ab(contract_path: Path, commits: Sequence[str], rounds: int, results: Pa
     with tempfile.TemporaryDirectory(prefix="ab-") as scratch, served_trees(resolved) as pythons:
         contract = Path(scratch) / contract_path.name
         contract.write_text(contract_path.read_text())
-        env = {**os.environ, "TRITONFORGE_CACHE": str(CACHE_DIR)}  # this tree's models
+        # this tree's models and backends, not the (empty) worktree's .cache
+        env = {**os.environ, "TRITONFORGE_CACHE": str(CACHE_DIR)}
+        env["TRITONFORGE_MODELS"] = str(models_dir())
         for index, commit in schedule(resolved, rounds):
             command = [str(pythons[commit]), "-m", "tritonforge.bench", "ceiling"]
             command += ["--contract", str(contract), "--results", str(results)]
