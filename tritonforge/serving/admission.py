@@ -26,7 +26,9 @@ llama.cpp's ``n_parallel``) makes a request that finds every slot taken wait for
 free: that wait is the remaining tokens of the request that ends first, at the full
 batch's step, queued behind those already waiting for a slot (each holds its slot for its
 ``max_tokens``). Such a request's TTFT is then predicted as that wait, its own prefill and
-a step; it does not feed the prefill line, whose points must be prefill. The line
+a step; it does not feed the prefill line, whose points must be prefill, and its
+actual / predicted ratio is kept apart from the others: a prefill's relative error,
+large on a prediction of tens of milliseconds, must not scale a wait of seconds. The line
 is fitted on TTFT + elapsed, the time from the step's start, so arrival phase is not
 noise in it. Replaying the vLLM timeline recorded at saturation
 (tests/unit/serving/data/vllm_timeline_4rps.json) the median error after 100 requests
@@ -324,6 +326,9 @@ class Admission:
         # recent (when, actual / predicted TTFT), and (when, mean TPOT / the step predicted)
         self._ttft_ratios: deque[tuple[float, float]] = deque(maxlen=RATIO_WINDOW)
         self._tpot_ratios: deque[tuple[float, float]] = deque(maxlen=RATIO_WINDOW)
+        # the same for requests predicted to wait for a slot: their error is the slot
+        # wait's, and a prefill's relative error must not scale a wait of seconds
+        self._slot_ratios: deque[tuple[float, float]] = deque(maxlen=RATIO_WINDOW)
         self.predictor = LatencyPredictor(settings.alpha)
 
     def reset(self) -> None:
@@ -333,6 +338,7 @@ class Admission:
             self._requests.clear()
             self._ttft_ratios.clear()
             self._tpot_ratios.clear()
+            self._slot_ratios.clear()
 
     def _queued_and_batch(self) -> tuple[int, int]:
         """Prefill tokens not yet served, and requests the engine is decoding (locked)."""
@@ -410,7 +416,9 @@ class Admission:
             if ttft_slo is None and tpot_slo is None:
                 decision = NO_SLO
             else:
-                decision, refusal = self._judge(predicted, ttft_slo, tpot_slo, batch + 1, idle)
+                decision, refusal = self._judge(
+                    predicted, ttft_slo, tpot_slo, batch + 1, idle, waits=wait > 0
+                )
             self._decisions[decision] += 1
             if refusal is None:
                 self._requests[request_id] = _Tracked(
@@ -470,18 +478,21 @@ class Admission:
         tpot_slo: float | None,
         batch: int,
         idle: bool,
+        waits: bool = False,
     ) -> tuple[str, SloUnattainable | None]:
         """The decision, and the refusal to raise once unlocked (locked).
 
         Predictions are scaled (:meth:`_scale`) only here, where a refusal is possible:
         a model that observes, or a request without the SLO, pays nothing for it; a
-        request to an ``idle`` engine is judged unscaled.
+        request to an ``idle`` engine is judged unscaled, one that ``waits`` for a slot
+        by the ratios of those that waited.
         """
         if not self._may_refuse():
             return ADMITTED, None
         keep = 1.0 - self.settings.margin
         if ttft_slo is not None and predicted is not None:
-            scaled = predicted * (1.0 if idle else self._scale(self._ttft_ratios))
+            ratios = self._slot_ratios if waits else self._ttft_ratios
+            scaled = predicted * (1.0 if idle else self._scale(ratios))
             if scaled > ttft_slo * keep:
                 retry = math.ceil(max(scaled - ttft_slo, 1.0))
                 return REFUSED_TTFT, SloUnattainable("TTFT", scaled * 1000, ttft_slo * 1000, retry)
@@ -529,7 +540,8 @@ class Admission:
                     del self._errors[: max(len(self._errors) - MAX_PENDING_ERRORS + 1, 0)]
                     self._errors.append(abs(tracked.predicted_ttft_s - ttft) / ttft)
                     if tracked.predicted_ttft_s > 0:
-                        self._ttft_ratios.append((now, ttft / tracked.predicted_ttft_s))
+                        ratios = self._slot_ratios if tracked.slot_wait_s else self._ttft_ratios
+                        ratios.append((now, ttft / tracked.predicted_ttft_s))
                 tracked.first_token_at = now
             else:
                 # every running request sees this step: a slow one (a prompt prefilled

@@ -544,6 +544,16 @@ def test_with_a_free_slot_there_is_no_slot_wait() -> None:
     assert admission.predicted_ttft_s("free") == pytest.approx(0.13)
 
 
+def test_a_slot_wait_is_not_scaled_by_the_prefills_ratios() -> None:
+    """Prefills ran at four times their 130 ms prediction; the slot wait's own ratios
+    (none yet) leave the 1.33 s wait unscaled: a 1.5 s SLO still fits."""
+    admission, clock = full_engine()
+    admission.settings = AdmissionSettings(mode="on", min_samples=1, margin=0.0)
+    admission._ttft_ratios.extend([(clock.now, 4.0)] * 4)
+    admission.admit("fits", 100, SamplingParams(slo_ttft_ms=1500))
+    assert admission.snapshot().decisions[REFUSED_TTFT] == 0
+
+
 def test_a_slot_wait_does_not_feed_the_prefill_line() -> None:
     admission, clock = full_engine()
     admission.admit("late", 100, SamplingParams())
