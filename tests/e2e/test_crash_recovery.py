@@ -18,7 +18,9 @@ non-streamed and a streamed OpenAI request queued behind them:
   removes what the dead server left (processes, shared memory);
 - a model's stub that crashes (SIGSEGV) is a crash too: its request ends with an error
   and the launcher restarts the server;
-- SIGTERM to the launcher still stops everything.
+- SIGTERM to the launcher drains: new work is refused everywhere at once, the streams
+  in flight (OpenAI's and gRPC's) run to their end, then everything stops, within the
+  grace period and without leftovers.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import requests
 from tests.e2e.client import Hold, control_model, metric, model_state, wait_for
 from tritonforge.bench.reliability.crash_recovery import Launcher
 from tritonforge.engines.config import load_engine_config
-from tritonforge.launch.launcher import MODEL_REPOSITORY, session_processes
+from tritonforge.launch.launcher import MODEL_REPOSITORY, answers, session_processes
 from tritonforge.launch.supervisor import shm_regions
 
 MODEL = "llamacpp_model"
@@ -264,14 +266,91 @@ def test_a_crashed_model_stub_is_a_crash_not_a_hang(launched) -> None:
     assert "tritonserver died (model stub died)" in launched.log.read_text(errors="replace")
 
 
-def test_sigterm_to_the_launcher_still_stops_everything(launched) -> None:
+class Streamed(threading.Thread):
+    """An OpenAI stream of ``DRAIN_TOKENS`` forced tokens; each event with its arrival."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__()
+        self.base = base
+        self.events: list[tuple[float, str]] = []
+        self.started = threading.Event()
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with _chat(self.base, True, DRAIN_TOKENS, ignore_eos=True) as reply:
+                assert reply.status_code == 200, reply.text
+                for line in reply.iter_lines(decode_unicode=True):
+                    if line.startswith("data: "):
+                        self.events.append((time.monotonic(), line.removeprefix("data: ")))
+                        self.started.set()
+        except Exception as error:  # the test reads it
+            self.error = error
+        finally:
+            self.started.set()
+
+
+#: Forced tokens of each request in flight at the SIGTERM: long enough to be running
+#: when it arrives, short enough to finish well within the 30 s grace period.
+DRAIN_TOKENS = 128
+
+
+def _refused_by_triton(launched: Launcher) -> bool:
+    """A new gRPC request to the model is refused as the server stops (a 2-token request
+    that is still accepted, in the second before the model notices, runs to its end)."""
+    with Hold(launched.server.grpc_url, MODEL, "Hi", {"max_tokens": 2}) as probe:
+        probe.wait_end(30)
+    return probe.error is not None and bool(
+        re.search(r"shutting down|no available versions", str(probe.error))
+    )
+
+
+@pytest.mark.speed  # premise: the requests are still generating when the SIGTERM arrives
+def test_sigterm_drains_the_requests_in_flight_then_stops_everything(launched) -> None:
+    """SIGTERM to the launcher with OpenAI streams (through the frontend) and gRPC streams
+    (straight to Triton) generating: new work is refused everywhere and readiness drops,
+    every stream in flight runs to its final response or ``[DONE]``, and the launcher
+    exits within its grace period leaving no process or shared memory behind."""
+    wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve")
     tree = psutil.Process(launched.process.pid).children(recursive=True)
-    assert tree
     regions = shm_regions(launched.triton().pid)
+    openai = [Streamed(launched.openai_url) for _ in range(2)]
+    sampling = {"max_tokens": DRAIN_TOKENS, "temperature": 0, "ignore_eos": True}
+    grpc = [
+        Hold(launched.server.grpc_url, MODEL, f"Once upon a time {i}", sampling) for i in (1, 2)
+    ]
+    for stream in openai:
+        assert stream.started.wait(60) and stream.error is None, stream.error
+    for hold in grpc:
+        hold.wait_responses()
     launched.process.send_signal(signal.SIGTERM)
-    assert launched.process.wait(timeout=90) == 0
+    signalled = time.monotonic()
+
+    health = launched.openai_url.removesuffix("/v1") + "/health"
+    wait_for(lambda: not answers(launched.server.ready_url, timeout_s=1), what="Triton unready")
+    wait_for(lambda: not answers(health, range(100, 600), 1), what="the frontend's port closed")
+    with pytest.raises(requests.ConnectionError):
+        _chat(launched.openai_url, False, 2)
+    wait_for(lambda: _refused_by_triton(launched), timeout_s=30, what="Triton to refuse")
+
+    for hold in grpc:
+        hold.wait_end(60)
+        hold.cancel()  # a stream left open would hold the model until the exit timeout
+        assert hold.error is None, hold.error  # ended by its final response
+        assert hold.times[-1] > signalled  # it was still running at the signal
+    for stream in openai:
+        stream.join(60)
+        assert not stream.is_alive() and stream.error is None, stream.error
+        assert stream.events[-1][1] == "[DONE]"
+        chunks = [json.loads(data) for _, data in stream.events[:-1]]
+        assert not [c for c in chunks if "error" in c], chunks[-2:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert stream.events[-1][0] > signalled  # it was still running at the signal
+    assert launched.process.wait(timeout=30) == 0  # within the grace period
     psutil.wait_procs(tree, timeout=10)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert regions and not [r for r in regions if Path(r).exists()]  # nor shared memory
-    died = launched.log.read_text(errors="replace").count("tritonserver died")
-    assert died == 2  # the kill and the dead stub
+    log = launched.log.read_text(errors="replace")
+    assert log.count("tritonserver died") == 2  # the kill and the dead stub, not the stop
+    assert "Exit timeout expired" not in log  # Triton drained and unloaded in time

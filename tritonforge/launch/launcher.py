@@ -8,8 +8,9 @@ every start), adds this project's backends, sets the environment the stub needs
 server bound to 127.0.0.1. Stopping it stops the whole process group — the stubs
 and the engine processes they spawn — so nothing is left running. ``main`` (``make
 serve``) also runs the OpenAI-compatible API (:mod:`tritonforge.openai`) beside it, on
-the same bind address, stops it with the server, and restarts a server that dies
-unexpectedly (:mod:`tritonforge.launch.supervisor`).
+the same bind address, restarts a server that dies unexpectedly
+(:mod:`tritonforge.launch.supervisor`), and on SIGTERM or Ctrl-C drains both at once
+within one grace period (:func:`_serve`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,17 @@ import requests
 
 from tritonforge.launch.stream_probe import PROBE_MODEL, STREAMS_STALLED, StreamProbe
 from tritonforge.launch.supervisor import RestartPolicy, Supervisor, remove_files, shm_regions
+from tritonforge.openai.shutdown import DEFAULT_SHUTDOWN_GRACE_S
 from tritonforge.paths import CACHE_DIR, MODEL_REPOSITORY, REPO_ROOT
 
 BACKENDS_SRC = REPO_ROOT / "backends"
 STOP_TIMEOUT_S = 60.0
+#: Seconds a stopped process may take past its own grace period before it is killed.
+KILL_AFTER_S = 30.0
+#: Seconds of the grace period the OpenAI frontend leaves to tritonserver: it ends its
+#: own streams still running that much earlier, with their error event, while Triton
+#: still answers, and Triton then has the time to unload its models.
+FRONTEND_LEAD_S = 5.0
 
 
 def _package_dir(name: str) -> Path:
@@ -299,6 +307,10 @@ class TritonServer:
     #: Set on top of this process's environment for the server and its stubs: one
     #: server's own settings (a benchmark's traced variant), beside others without them.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: ``--exit-timeout-secs``: on SIGTERM Triton turns unready, its models refuse new
+    #: requests, and the requests in flight have this long to finish — unloading the
+    #: models included — before it exits anyway (Triton 2.51's own drain).
+    exit_timeout_s: int = DEFAULT_SHUTDOWN_GRACE_S
     process: subprocess.Popen | None = field(default=None, init=False)
 
     @classmethod
@@ -333,7 +345,7 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--model-control-mode=explicit",
-            "--exit-timeout-secs=30",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
         ]
         models = self.models if self.models is not None else available_models(self.repository)
         cmd += [f"--load-model={name}" for name in models]
@@ -379,13 +391,16 @@ class TritonServer:
         """Every live process in the server's session (server, stubs, engine workers)."""
         return session_processes(self.process.pid) if self.process is not None else []
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM the server (it unloads models, stubs finalise), then kill what remains,
-        and remove the shared memory it mapped: a server that did not finalise its models
-        (its exit timeout expired, or it was killed) leaves python backend regions behind."""
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM the server (it drains, unloads models, stubs finalise), then kill what
+        remains — after ``timeout_s``, by default its exit timeout and KILL_AFTER_S — and
+        remove the shared memory it mapped: a server that did not finalise its models (its
+        exit timeout expired, or it was killed) leaves python backend regions behind."""
         if self.process is None:
             return None
         regions = shm_regions(self.process.pid)
+        if timeout_s is None:
+            timeout_s = max(STOP_TIMEOUT_S, self.exit_timeout_s + KILL_AFTER_S)
         code = stop_session(self.process, timeout_s)
         remove_files(regions)
         return code
@@ -493,7 +508,15 @@ class OpenAIFrontend:
             statuses=(200, 503),
         )
 
+    def begin_stop(self) -> None:
+        """SIGTERM it without waiting: it refuses new connections and drains
+        (tritonforge/openai/shutdown.py)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM it (again) and wait ``timeout_s`` for it, then kill what is left."""
         return stop_session(self.process, timeout_s) if self.process is not None else None
 
 
@@ -528,6 +551,14 @@ def _parser() -> argparse.ArgumentParser:
         "--no-openai",
         action="store_true",
         help="do not start the OpenAI-compatible API (port TRITONFORGE_OPENAI_PORT, 9000)",
+    )
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=int,
+        default=DEFAULT_SHUTDOWN_GRACE_S,
+        help="seconds requests in flight may run on after SIGTERM or Ctrl-C, while new ones "
+        "are refused; tritonserver's --exit-timeout-secs. Those still running then end with "
+        f"an error (default {DEFAULT_SHUTDOWN_GRACE_S})",
     )
     parser.add_argument(
         "--max-restarts",
@@ -587,11 +618,19 @@ def _until_serving(supervisor: Supervisor, supervision: Future[int]) -> bool:
 
 
 def _serve(
-    supervisor: Supervisor, frontend: OpenAIFrontend | None, announce: Callable[[], None]
+    supervisor: Supervisor,
+    frontend: OpenAIFrontend | None,
+    announce: Callable[[], None],
+    grace_s: int = DEFAULT_SHUTDOWN_GRACE_S,
 ) -> int:
     """Supervise tritonserver from its first start, bring the frontend up beside it, and
     ``announce`` once both serve; the supervisor's outcome. Everything is stopped on the
-    way out (the frontend first, while Triton still answers its streams).
+    way out, and drained: both get SIGTERM at once, so new work is refused everywhere at
+    the same moment (Triton turns unready and its models refuse new requests; the frontend
+    closes its port) while the requests in flight — Triton's own clients' and the
+    frontend's streams, which pass through Triton — run on within the grace period.
+    The frontend ends its leftovers first, with an error event (FRONTEND_LEAD_S), then
+    Triton's exit timeout (``grace_s``) ends the rest.
 
     The supervisor runs on a thread of its own from the start, so a server that dies at
     any stage of start-up — loading, or ready while the frontend comes up — is restarted
@@ -611,10 +650,16 @@ def _serve(
             with contextlib.suppress(TimeoutError):
                 return supervision.result(timeout=1.0)
     finally:
+        print(
+            f"tritonforge: stopping: requests in flight have {grace_s} s to finish…",
+            file=sys.stderr,
+            flush=True,
+        )
         if frontend is not None:
-            frontend.stop()
-        print("tritonforge: stopping tritonserver…", file=sys.stderr, flush=True)
-        supervisor.stop()
+            frontend.begin_stop()
+        supervisor.stop()  # SIGTERM to tritonserver, and wait for its drain to end
+        if frontend is not None:
+            frontend.stop(timeout_s=grace_s + KILL_AFTER_S)
         pool.shutdown()  # the supervisor returns once its server has ended
 
 
@@ -636,13 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         models=args.models,
         extra_args=[a for a in extra if a != "--"],
         host=args.host,
+        exit_timeout_s=args.shutdown_grace_s,
     )
     frontend = None
     if not args.no_openai:
+        lead = min(FRONTEND_LEAD_S, args.shutdown_grace_s / 5)
         frontend = OpenAIFrontend(
             triton_grpc=f"{_client_host(server.host)}:{server.grpc_port}",
             port=_port("TRITONFORGE_OPENAI_PORT", 9000),
             host=server.host,
+            extra_args=[f"--shutdown-grace-s={args.shutdown_grace_s - lead:g}"],
         )
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
     probe = StreamProbe(
@@ -654,13 +702,15 @@ def main(argv: list[str] | None = None) -> int:
     metrics_port = _port("TRITONFORGE_LAUNCHER_METRICS_PORT", 8003)
 
     def _terminate(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the drain
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
         supervisor.metrics.serve("127.0.0.1", metrics_port)
         ready_line = _ready_line(server, frontend, metrics_port)
-        return _serve(supervisor, frontend, lambda: print(ready_line, flush=True))
+        announce = lambda: print(ready_line, flush=True)  # noqa: E731
+        return _serve(supervisor, frontend, announce, args.shutdown_grace_s)
     except KeyboardInterrupt:
         return 0
     finally:

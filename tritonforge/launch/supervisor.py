@@ -291,6 +291,7 @@ class Supervisor:
         (and its group)."""
         with self._lock:
             self._stopped.set()
+            self.metrics.up.set(0)  # unready from the start of its drain
             self.server.stop()
 
     def _start(self, models: Sequence[str] | None) -> bool:

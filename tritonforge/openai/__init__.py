@@ -14,6 +14,8 @@ README.md ("Inputs and outputs of every LLM model"). The modules follow the requ
 - :mod:`~tritonforge.openai.errors`: OpenAI's error shape and the mapping from Triton
   error messages to HTTP status codes;
 - :mod:`~tritonforge.openai.app`: the FastAPI routes, SSE and client-disconnect handling.
+- :mod:`~tritonforge.openai.shutdown`: the graceful stop (a grace period for the
+  requests in flight, an answer for those it outlasts).
 
 Run it with ``python -m tritonforge.openai --triton-grpc HOST:PORT``.
 """

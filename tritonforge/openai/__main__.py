@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -16,6 +17,12 @@ import uvicorn
 
 from tritonforge.openai.app import DEFAULT_CHAT_MAX_TOKENS, create_app
 from tritonforge.openai.carry_over import DEFAULT_MAX_WAIT_S, DEFAULT_MAX_WAITING, CarryOverSettings
+from tritonforge.openai.shutdown import (
+    DEFAULT_SHUTDOWN_GRACE_S,
+    FLUSH_S,
+    GracefulServer,
+    shutting_down,
+)
 from tritonforge.serving.tracing import ENDPOINT_ENV, SAMPLING_ENV, parse_sampling
 
 
@@ -74,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         help="requests that may wait for a restarted tritonserver at once; past it 503 "
         f"with Retry-After (default {DEFAULT_MAX_WAITING})",
     )
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=DEFAULT_SHUTDOWN_GRACE_S,
+        help="seconds requests in flight may run on after SIGTERM or Ctrl-C (new connections "
+        "are refused at once); those still running then end with an error event or a 503 "
+        f"(default {DEFAULT_SHUTDOWN_GRACE_S})",
+    )
     parser.add_argument("--access-log", action="store_true", help="log each request's path")
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
@@ -92,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.restart_wait <= 0 or args.max_waiting < 1:
         parser.error("--restart-wait must be > 0 and --max-waiting >= 1")
+    if args.shutdown_grace_s < 0:
+        parser.error("--shutdown-grace-s must be >= 0")
     # The flags win over the environment, which the tracer reads (as Triton's stubs do).
     if args.otlp_endpoint is not None:
         os.environ[ENDPOINT_ENV] = args.otlp_endpoint
@@ -110,14 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         triton_metrics=metrics,
         carry_over_settings=carry,
     )
-    uvicorn.run(
+    grace = args.shutdown_grace_s
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         access_log=args.access_log,
         log_level=args.log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=math.ceil(grace + FLUSH_S),
     )
+    gateway = app.state.server.gateway
+    GracefulServer(config, grace, lambda: gateway.end_streams(shutting_down(grace))).run()
     return 0
 
 

@@ -20,6 +20,11 @@ default two minutes of backoff. While Triton is down, a call fails at once with
 UNAVAILABLE (no wait-for-ready), as :class:`~tritonforge.openai.errors.TritonDown`:
 carry_over.py decides whether its request waits for the restarted server or the client
 gets a 503 it can retry.
+
+A graceful stop ends the streams still open when its grace period runs out
+(:meth:`TritonGateway.end_streams`): each call is cancelled, so Triton cancels its
+request, and its reader gets the stop's error instead of a bare cancellation — the
+client's answer ends with an error, never a cut connection.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import struct
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -202,17 +208,33 @@ class TritonStream:
         self._url = url
         self._on_gone = on_gone
         self._done = False
+        #: Why :meth:`end` cut the stream short: raised once to its reader.
+        self._ended_by: OpenAIError | None = None
 
     def __aiter__(self) -> AsyncIterator[ModelOutput]:
         return self
 
+    def _raise_if_ended(self) -> None:
+        if self._ended_by is not None:
+            error, self._ended_by = self._ended_by, None
+            raise error
+
     async def __anext__(self) -> ModelOutput:
         if self._done:
+            self._raise_if_ended()
             raise StopAsyncIteration
         try:
             result, error = await self._call.__anext__()
         except StopAsyncIteration:
             self._done = True
+            self._raise_if_ended()
+            raise
+        except asyncio.CancelledError:
+            # The call cancelled by end(), not this task: the reader gets end()'s error.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._raise_if_ended()
             raise
         except grpc.aio.AioRpcError as exc:
             self._done = True
@@ -257,6 +279,17 @@ class TritonStream:
             self._done = True
             self._call.cancel()
 
+    @property
+    def running(self) -> bool:
+        """Not ended yet: no final response, error, cancel or end so far."""
+        return not self._done
+
+    def end(self, error: OpenAIError) -> None:
+        """Cancel a stream still running, and make ``error`` what its reader gets next."""
+        if not self._done:
+            self._ended_by = error
+            self.cancel()
+
 
 #: gRPC channel settings: Triton's message size limit (what tritonclient sets) and a
 #: reconnect backoff capped at 2 s while Triton restarts (gRPC's default grows to 120 s).
@@ -276,6 +309,9 @@ class TritonGateway:
         self.url = url
         self._client: grpcaio.InferenceServerClient | None = None
         self._specs: dict[str, ModelSpec] = {}
+        self._open: weakref.WeakSet[TritonStream] = weakref.WeakSet()
+        #: Set by :meth:`end_streams`: every stream opened after it ends at once with it.
+        self._ending: OpenAIError | None = None
 
     @property
     def client(self) -> grpcaio.InferenceServerClient:
@@ -410,4 +446,18 @@ class TritonGateway:
             yield {"model_name": model, "inputs": inputs, **settings}
 
         call = self.client.stream_infer(one_request(), headers=request_context.metadata(context))
-        return TritonStream(call, model, self.url, self.forget)
+        stream = TritonStream(call, model, self.url, self.forget)
+        if self._ending is not None:
+            stream.end(self._ending)
+        else:
+            self._open.add(stream)
+        return stream
+
+    def end_streams(self, error: OpenAIError) -> int:
+        """End every stream still open, and any opened from now on, with ``error`` (a
+        graceful stop's grace period is over); how many were open."""
+        self._ending = error
+        streams = [stream for stream in self._open if stream.running]
+        for stream in streams:
+            stream.end(error)
+        return len(streams)

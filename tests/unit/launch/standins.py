@@ -71,6 +71,8 @@ class FrontendStandIn:
     on_wait_up: Callable[[], None] = lambda: None
     started: int = 0
     stopped: int = 0
+    #: "begin_stop" and "stop", in the order ``_serve`` called them (a test may share it).
+    calls: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         self.started += 1
@@ -78,7 +80,11 @@ class FrontendStandIn:
     def wait_up(self) -> None:
         self.on_wait_up()
 
-    def stop(self) -> None:
+    def begin_stop(self) -> None:
+        self.calls.append("frontend begin_stop")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self.calls.append("frontend stop")
         self.stopped += 1
 
 

@@ -168,3 +168,23 @@ def test_a_stop_while_loading_or_in_the_backoff_restarts_nothing(tmp_path: Path)
     _stop(supervisor, thread, server)
     assert time.monotonic() - stopped < 10
     assert outcome["code"] == 0 and len(server.starts) == 1
+
+
+def test_on_the_way_out_the_frontend_and_tritonserver_drain_at_once(tmp_path: Path) -> None:
+    """The frontend is signalled before tritonserver's stop is awaited, not after its own
+    stop: both refuse new work from the same moment and drain side by side."""
+    server = StandIn(['touch "$READY"; sleep 0.5; exit 0'], ready_dir=tmp_path)
+    calls: list[str] = []
+    stop_server = server.stop
+
+    def recorded_stop() -> int | None:
+        calls.append("server stop")
+        return stop_server()
+
+    server.stop = recorded_stop  # type: ignore[method-assign]
+    supervisor, _ = supervise(server)
+    frontend = FrontendStandIn(calls=calls)
+    announced = Announcements(server, supervisor)
+    assert _serve(supervisor, frontend, announced, grace_s=1) == 0  # a deliberate exit
+    assert announced.seen == [(1, True)]
+    assert calls == ["frontend begin_stop", "server stop", "frontend stop"]
