@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import functools
 import importlib.util
 import os
@@ -164,16 +163,18 @@ def available_models(repository: Path = MODEL_REPOSITORY) -> list[str]:
     return names
 
 
-#: libc's prctl, looked up here: the launcher starts processes from several threads, and
-#: a child between fork and exec must not load a library (the loader's lock may have
-#: been held by another thread at the fork).
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+def terminated_with_parent(command: Sequence[str]) -> list[str]:
+    """``command`` made to get SIGTERM if the launcher dies, even by SIGKILL.
 
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM the server if the launcher dies, even by SIGKILL."""
-    pr_set_pdeathsig = 1
-    _PRCTL(pr_set_pdeathsig, signal.SIGTERM)
+    util-linux's ``setpriv --pdeathsig`` sets it and execs the command (same process), so
+    Popen needs no ``preexec_fn``: with one it must fork() rather than vfork(), and a
+    fork while another thread of the launcher is inside gRPC (the supervisor's polls, the
+    stream probe) runs gRPC's fork handlers, which then skip their work — the child was
+    seen to abort before its exec ("epoll_wait error: Bad file descriptor"), which a
+    vfork never did in the same reproduction. Without setpriv the command runs as is.
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *command] if setpriv else list(command)
 
 
 #: Ports picked here come from [PORT_FLOOR, the OS's ephemeral range) (see free_port).
@@ -360,12 +361,11 @@ class TritonServer:
         )
         stdout = self.log_path.open("ab") if self.log_path else None
         self.process = subprocess.Popen(
-            self.command(backend_dir),
+            terminated_with_parent(self.command(backend_dir)),
             env=server_environment({**os.environ, **self.env}),
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,  # its own process group: we stop stubs and engines with it
-            preexec_fn=_terminate_with_parent,
         )
 
     @property
@@ -476,13 +476,12 @@ class OpenAIFrontend:
     def start(self) -> None:
         stdout = self.log_path.open("ab") if self.log_path else None
         self.process = subprocess.Popen(
-            self.command(),
+            terminated_with_parent(self.command()),
             env={**os.environ, **self.env},
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_terminate_with_parent,
         )
 
     @property

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tritonforge.launch.launcher import (
@@ -16,6 +17,7 @@ from tritonforge.launch.launcher import (
     free_ports,
     session_processes,
     stop_session,
+    terminated_with_parent,
     wait_until_ready,
 )
 
@@ -82,6 +84,31 @@ def test_signal_group_reaches_every_member() -> None:
     process = start_session("sleep 60 & wait")
     stop_session(process, timeout_s=10, signal_group=True)
     assert not session_processes(process.pid)
+
+
+PARENT = """
+import subprocess, sys, time
+from tritonforge.launch.launcher import terminated_with_parent
+child = subprocess.Popen(terminated_with_parent(["sleep", "60"]))
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_started_to_die_with_its_parent_gets_sigterm_when_the_parent_is_killed() -> None:
+    """Without a preexec_fn (Popen then uses vfork, no fork handlers run in the launcher),
+    the child is the command itself, and a SIGKILLed launcher still takes it along."""
+    assert terminated_with_parent(["sleep", "1"])[-2:] == ["sleep", "1"]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    deadline = time.monotonic() + 10
+    while child.name() != "sleep":  # setpriv execs the command: the same process
+        assert time.monotonic() < deadline, child.cmdline()
+        time.sleep(0.01)
+    parent.kill()
+    parent.wait()
+    child.wait(timeout=10)  # gone with its parent (psutil.TimeoutExpired otherwise)
 
 
 def test_wait_until_ready_names_the_exit_and_the_timeout() -> None:
