@@ -502,10 +502,12 @@ def timed(command: str, log: Path) -> float:
 
 
 def disk_bytes(*paths: Path) -> int:
-    """Bytes under ``paths`` (``du``'s apparent sizes)."""
-    reply = subprocess.run(
-        ["du", "-sb", "--", *map(str, paths)], capture_output=True, text=True, check=True
-    )
+    """Bytes under ``paths`` (``du``'s apparent sizes); a path not there holds none (pip
+    leaves no cache when every package came from a local wheel directory)."""
+    there = [str(p) for p in paths if p.exists()]
+    if not there:
+        return 0
+    reply = subprocess.run(["du", "-sb", "--", *there], capture_output=True, text=True, check=True)
     return sum(int(line.split()[0]) for line in reply.stdout.splitlines())
 
 
