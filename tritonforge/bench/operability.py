@@ -4,7 +4,8 @@ Why: a decision between runtimes weighs what it takes to keep one running beside
 speed. Each candidate is started as its users start it, driven over its own
 OpenAI-compatible API (streamed completions), and put through the same experiments:
 
-- **failure**: N long requests in flight, each past its first token, then the engine's
+- **failure**: N long requests in flight, each past its first token (as many as the
+  candidate decodes at once: llama.cpp's server takes one, the rest queue), then the engine's
   process SIGKILLed (vLLM's engine core; llama.cpp's engine lives in its server's
   process). Each request ends with an error, completes, or hangs (no byte for
   ``STALL_S``); then a short request every second until one is answered: seconds to
@@ -139,6 +140,8 @@ class Subject:
     engine: Callable[[psutil.Process], psutil.Process | None]
     runtime: str
     cwd: Path = REPO_ROOT
+    #: Requests it generates at once (None: all it is sent); the others wait in its queue.
+    slots: int | None = None
     process: subprocess.Popen | None = None
 
     def start(self, log: Path) -> float:
@@ -224,15 +227,16 @@ async def stream(http: httpx.AsyncClient, subject: Subject, i: int, state: Strea
 async def under_load(
     subject: Subject, n: int, act: Callable[[], Any], after: Callable[[list[Stream]], Any]
 ) -> tuple[list[Stream], Any, Any]:
-    """``n`` long streams; once each has a token, ``act()``; then await them (a stream
-    silent for STALL_S is left as hung) while ``after`` runs. Returns the streams and
-    what ``act`` and ``after`` returned."""
+    """``n`` long streams; once each has a token (as many as the subject's slots: the rest
+    wait in its queue), ``act()``; then await them (a stream silent for STALL_S is left as
+    hung) while ``after`` runs. Returns the streams and what ``act`` and ``after`` returned."""
     states = [Stream() for _ in range(n)]
+    running = min(n, subject.slots or n)
     limits = httpx.Limits(max_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, read=STALL_S), limits=limits) as http:
         tasks = [asyncio.create_task(stream(http, subject, i, s)) for i, s in enumerate(states)]
         deadline = time.monotonic() + 300
-        while any(s.tokens == 0 and s.error is None for s in states):
+        while sum(s.tokens > 0 or s.error is not None for s in states) < running:
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -428,6 +432,7 @@ def llamacpp_subject(model: str, python: Path = Path(sys.executable)) -> Subject
         metrics_urls=[f"http://127.0.0.1:{service.port}/metrics"],
         engine=lambda root: root,  # the engine runs inside the server's process
         runtime=f"llama-cpp-python {llama_cpp.__version__} server",
+        slots=1,  # it decodes one request at a time (services.py)
     )
 
 
