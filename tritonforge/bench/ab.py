@@ -35,7 +35,7 @@ from typing import Any
 from tritonforge.bench.ceiling import load_ceiling_contract
 from tritonforge.bench.run_plan import rotated
 from tritonforge.launch.model_store import models_dir
-from tritonforge.paths import CACHE_DIR, REPO_ROOT
+from tritonforge.paths import CACHE_DIR, REPO_ROOT, make_machine_free
 
 #: Where each commit's worktree and venv live while a run needs them.
 AB_DIR = CACHE_DIR / "ab"
@@ -152,6 +152,9 @@ def run_ab(contract_path: Path, commits: Sequence[str], rounds: int, results: Pa
             served = json.loads((run / "results.json").read_text())["environment"]["git_commit"]
             if not served.startswith(commit):
                 raise RuntimeError(f"the run for {commit} served {served[:12]}")
+            for folder in (run, run / "logs"):  # the worktree's runner named this tree's paths
+                if folder.is_dir():
+                    make_machine_free(folder)
             rows += summary_rows(commit, index, run)
             print(json.dumps(rows[-1]), flush=True)
     if not rows:
