@@ -12,10 +12,12 @@ supplies only the measurement: a Python program that prints one ``RESULT{json}``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,26 @@ def save(record: Mapping[str, Any], name: str, root: Path = RESULTS_ROOT) -> Pat
     make_machine_free(out_dir)
     print(f"wrote {out_dir / 'results.json'}")
     return out_dir
+
+
+def git(*args: str) -> str:
+    """Run git in the repository; its output, stripped."""
+    return subprocess.run(
+        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@contextlib.contextmanager
+def commit_trees(commits: Sequence[str], prefix: str) -> Iterator[dict[str, Path]]:
+    """Each commit checked out in a detached worktree of its own, removed on exit: a probe
+    runs several commits' code without touching the work tree others are using."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        trees = {commit: Path(scratch) / commit for commit in commits}
+        try:
+            for commit, tree in trees.items():
+                git("worktree", "add", "--detach", str(tree), commit)
+            yield trees
+        finally:
+            for tree in trees.values():
+                if tree.exists():
+                    git("worktree", "remove", "--force", str(tree))

@@ -24,19 +24,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from tritonforge.bench.probes.harness import (
+    commit_trees,
+    git,
     interleaved,
     model_dir,
     probe_environment,
     run_program,
     save,
 )
-from tritonforge.paths import REPO_ROOT
 
 #: Run in the worktree of one commit: argv[1] is the JSON of the load.
 PROBE = r"""
@@ -126,12 +125,6 @@ def probe(tree: Path, load: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("commits", nargs="+", help="commits (or refs) to measure")
@@ -156,18 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     # The tokenizer is recorded as the environment's model (its path within the repository).
     record: dict[str, Any] = {"environment": probe_environment(tokenizer), "load": load}
     record["commits"] = commits
-    with tempfile.TemporaryDirectory(prefix="runtime-cost-") as scratch:
-        trees = {commit: Path(scratch) / commit for commit in commits}
-        for commit, tree in trees.items():
-            git("worktree", "add", "--detach", str(tree), commit)
-        try:
-            full = load | {"tokenizer": str(tokenizer)}
-            record["rows"] = interleaved(
-                commits, opts.rounds, lambda commit: probe(trees[commit], full), "commit"
-            )
-        finally:
-            for tree in trees.values():
-                git("worktree", "remove", "--force", str(tree))
+    with commit_trees(commits, "runtime-cost-") as trees:
+        full = load | {"tokenizer": str(tokenizer)}
+        record["rows"] = interleaved(
+            commits, opts.rounds, lambda commit: probe(trees[commit], full), "commit"
+        )
     for commit in commits:
         medians = [r["median_us_per_token"] for r in record["rows"] if r["commit"] == commit]
         print(f"{commit}: {min(medians)}–{max(medians)} µs a token over {len(medians)} rounds")

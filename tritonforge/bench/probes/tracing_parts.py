@@ -24,12 +24,17 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from tritonforge.bench.probes.harness import interleaved, probe_environment, run_program, save
-from tritonforge.paths import REPO_ROOT
+from tritonforge.bench.probes.harness import (
+    commit_trees,
+    git,
+    interleaved,
+    probe_environment,
+    run_program,
+    save,
+)
 
 #: Run in the worktree of one commit: argv[1] is the JSON of the load.
 PROBE = r"""
@@ -102,12 +107,6 @@ def probe(tree: Path, load: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("commits", nargs="+", help="commits (or refs) to measure")
@@ -131,18 +130,11 @@ def main(argv: list[str] | None = None) -> None:
         }
         record: dict[str, Any] = {"environment": probe_environment(), "load": load}
         record["commits"] = commits
-        with tempfile.TemporaryDirectory(prefix="tracing-parts-") as scratch:
-            trees = {commit: Path(scratch) / commit for commit in commits}
-            for commit, tree in trees.items():
-                git("worktree", "add", "--detach", str(tree), commit)
-            try:
-                full = load | {"endpoint": endpoint}
-                record["rows"] = interleaved(
-                    commits, opts.rounds, lambda commit: probe(trees[commit], full), "commit"
-                )
-            finally:
-                for tree in trees.values():
-                    git("worktree", "remove", "--force", str(tree))
+        with commit_trees(commits, "tracing-parts-") as trees:
+            full = load | {"endpoint": endpoint}
+            record["rows"] = interleaved(
+                commits, opts.rounds, lambda commit: probe(trees[commit], full), "commit"
+            )
     finally:
         receiver.terminate()
         receiver.wait(10)
