@@ -313,6 +313,7 @@ def test_sigterm_drains_the_requests_in_flight_then_stops_everything(launched) -
     every stream in flight runs to its final response or ``[DONE]``, and the launcher
     exits within its grace period leaving no process or shared memory behind."""
     wait_for(lambda: _serves(launched), timeout_s=180, what="the server to serve")
+    deaths_before = launched.log.read_text(errors="replace").count("tritonserver died")
     tree = psutil.Process(launched.process.pid).children(recursive=True)
     regions = shm_regions(launched.triton().pid)
     openai = [Streamed(launched.openai_url) for _ in range(2)]
@@ -352,5 +353,5 @@ def test_sigterm_drains_the_requests_in_flight_then_stops_everything(launched) -
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert regions and not [r for r in regions if Path(r).exists()]  # nor shared memory
     log = launched.log.read_text(errors="replace")
-    assert log.count("tritonserver died") == 2  # the kill and the dead stub, not the stop
+    assert log.count("tritonserver died") == deaths_before  # the stop is not a death
     assert "Exit timeout expired" not in log  # Triton drained and unloaded in time
