@@ -115,6 +115,30 @@ def unlinked(spans: list[SpanRecord]) -> list[str]:
     return lost
 
 
+def lost_by_triton(receiver: Receiver, known: set[str], model: str) -> bool:
+    """Whether Triton started a trace of its own for a request since ``known`` (the span
+    ids received before it): a new ``InferRequest`` with no parent, whose trace has
+    Triton's span of ``model``. Triton 2.51 loses a gRPC call's ``traceparent`` now and
+    then (W18 in docs/triton-2.51-workarounds.md); its own spans are then not in the
+    client's trace, and only ours must be."""
+    with receiver.lock:
+        spans = list(receiver.spans)
+    orphans = {
+        span.trace_id
+        for span in spans
+        if span.service == TRITON
+        and span.name == "InferRequest"
+        and not span.parent_id
+        and span.span_id not in known
+    }
+    return any(span.trace_id in orphans and span.name == model for span in spans)
+
+
+def received(receiver: Receiver) -> set[str]:
+    with receiver.lock:
+        return {span.span_id for span in receiver.spans}
+
+
 def chat(
     frontend: OpenAIFrontend, headers: dict[str, str], max_tokens: int, **extra: object
 ) -> requests.Response:
@@ -137,6 +161,7 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
     trace_id = uuid.uuid4().hex
     request_id = f"tracing-e2e-{uuid.uuid4().hex[:12]}"
     headers = {"X-Request-Id": request_id, "traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+    known = received(receiver)
     with chat(frontend, headers, 8) as reply:
         assert reply.status_code == 200, reply.text
         assert reply.headers["X-Request-Id"] == request_id
@@ -150,7 +175,10 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
         return (
             {(RUNTIME, "tritonforge.request"), (RUNTIME, "tritonforge.response.final")} <= names
             and any(service == FRONTEND for service, _ in names)
-            and any(service == TRITON for service, _ in names)
+            and (
+                any(service == TRITON for service, _ in names)
+                or lost_by_triton(receiver, known, MODEL)
+            )
             and not unlinked(spans)
         )
 
@@ -161,7 +189,10 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
     [http] = [span for span in spans if span.service == FRONTEND]
     assert http.parent_id == CLIENT_SPAN
     [root] = [span for span in spans if span.name == "tritonforge.request"]
-    assert by_id[root.parent_id].service == TRITON, "the runtime's spans are not under Triton's"
+    if any(span.service == TRITON for span in spans):
+        assert by_id[root.parent_id].service == TRITON, "the runtime's spans are not under Triton's"
+    else:  # Triton lost the frontend's context (W18): the runtime's parent is the frontend's
+        assert root.parent_id == http.span_id
     for span in (http, root):
         assert span.attributes["tritonforge.request_id"] == request_id
     assert root.attributes["gen_ai.request.model"] == MODEL
@@ -271,16 +302,19 @@ def test_a_triton_grpc_stream_is_one_trace_down_to_the_runtime(
     receiver = traced.receiver
     trace_id = uuid.uuid4().hex
     request_id = f"tracing-grpc-{uuid.uuid4().hex[:12]}"
+    known = received(receiver)
     grpc_stream(traced.grpc_url, model, request_id, f"00-{trace_id}-{CLIENT_SPAN}-01", streamed)
 
     def complete() -> bool:
         spans = receiver.trace(trace_id)
         names = {span.name for span in spans}
-        return {"tritonforge.request", "tritonforge.response.final", model} <= names and not (
-            unlinked(spans)
+        return (
+            {"tritonforge.request", "tritonforge.response.final"} <= names
+            and (model in names or lost_by_triton(receiver, known, model))
+            and not unlinked(spans)
         )
 
-    wait_for(complete, 30, f"Triton's and the runtime's spans of {model}, linked")
+    wait_for(complete, 30, f"Triton's (or its own trace's) and the runtime's spans of {model}")
     spans = receiver.trace(trace_id)
     [root] = [span for span in spans if span.name == "tritonforge.request"]
     runtime_id = root.attributes["tritonforge.request_id"]

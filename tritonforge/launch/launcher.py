@@ -51,6 +51,12 @@ KILL_AFTER_S = 30.0
 #: still answers, and Triton then has the time to unload its models.
 FRONTEND_LEAD_S = 5.0
 
+#: A gRPC call's ``traceparent`` metadata, copied exactly into a request parameter: Triton
+#: 2.51 reads the metadata past its end and can lose it; the model's runtime then keeps its
+#: spans under the client's span from this copy. Triton 2.51 workaround W18, see
+#: docs/triton-2.51-workarounds.md.
+TRACEPARENT_FORWARD = "--grpc-header-forward-pattern=^traceparent$"
+
 
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
@@ -347,6 +353,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--model-control-mode=explicit",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            TRACEPARENT_FORWARD,
         ]
         models = self.models if self.models is not None else available_models(self.repository)
         cmd += [f"--load-model={name}" for name in models]

@@ -42,7 +42,12 @@ from tritonforge.serving.request_ids import check_request_id, new_request_id
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import parse_request
-from tritonforge.serving.tracing import TRACEPARENT, context_traceparent, runtime_tracer
+from tritonforge.serving.tracing import (
+    TRACEPARENT,
+    context_traceparent,
+    parse_traceparent,
+    runtime_tracer,
+)
 from tritonforge.triton.admission_metrics import model_admission
 from tritonforge.triton.metrics import TritonMetrics
 from tritonforge.triton.reaper import start_reaper
@@ -233,12 +238,23 @@ def request_id_of(request: Any) -> str:
 
 def traceparent_of(request: Any, parameters: dict[str, Any]) -> str | None:
     """The request's trace context: Triton's own span of it when Triton traces
-    (``--trace-config mode=opentelemetry``), else a ``traceparent`` request parameter."""
+    (``--trace-config mode=opentelemetry``), else a ``traceparent`` request parameter.
+
+    Triton 2.51 reads a gRPC call's ``traceparent`` metadata past its end (the value is
+    not NUL-terminated) and, when the next bytes are not NUL, starts a trace of its own;
+    the metadata forwarded as a parameter (``--grpc-header-forward-pattern``) is exact.
+    When the two name different traces, Triton's span is in the wrong one, so the
+    parameter's span — the client's — is the parent. Triton 2.51 workaround W18, see
+    docs/triton-2.51-workarounds.md.
+    """
+    given = parameters.get(TRACEPARENT)
+    given = given if isinstance(given, str) else None
     with contextlib.suppress(Exception):  # the stub has no trace for this request
         if (found := context_traceparent(request.trace().get_context())) is not None:
-            return found
-    value = parameters.get(TRACEPARENT)
-    return value if isinstance(value, str) else None
+            client, triton = parse_traceparent(given), parse_traceparent(found)
+            if client is None or triton is None or client.trace_id == triton.trace_id:
+                return found
+    return given
 
 
 def _request_parameters(request: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The Triton edge's part of request ids and trace context: Triton's request id checked or
-made, errors naming it, and the trace context taken from Triton's own trace first, else a
-``traceparent`` request parameter. A stand-in for triton_python_backend_utils; no server."""
+made, errors naming it, and the trace context taken from Triton's own trace first (unless
+it lost the client's), else a ``traceparent`` request parameter. A stand-in for
+triton_python_backend_utils; no server."""
 
 from __future__ import annotations
 
@@ -69,3 +70,17 @@ def test_without_tritons_trace_the_parameter_is_the_context(edge: ModuleType) ->
 
     broken = SimpleNamespace(request_id=lambda: "", trace=no_trace)
     assert edge.traceparent_of(broken, {"traceparent": CLIENT_SPAN}) == CLIENT_SPAN
+
+
+def test_a_trace_triton_lost_gives_way_to_the_clients(edge: ModuleType) -> None:
+    """Triton 2.51 sometimes starts a trace of its own despite the client's metadata; the
+    forwarded ``traceparent`` parameter then names the parent, so the runtime's spans stay
+    in the client's trace."""
+    own = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    context = json.dumps({"traceparent": own})
+    assert edge.traceparent_of(_request(context=context), {"traceparent": CLIENT_SPAN}) == (
+        CLIENT_SPAN
+    )
+    assert edge.traceparent_of(_request(context=context), {}) == own  # nothing to prefer
+    garbled = {"traceparent": "not-a-traceparent"}
+    assert edge.traceparent_of(_request(context=context), garbled) == own
