@@ -148,6 +148,13 @@ class CeilingLoad(RoundsLoad):
         description="the CPU window stays open this long after a level's last request, so "
         "work its requests leave behind (spans leaving in batches) is charged to them",
     )
+    together: list[list[str]] = Field(
+        default_factory=list,
+        description="groups of targets measured at once, each at the level's concurrency "
+        "and charged its own server's CPU: a machine whose speed drifts over minutes "
+        "drifts for all of a group alike, so their ratios keep what sequential "
+        "measurements lose in the drift; a group's targets need a server each",
+    )
 
 
 class CeilingComparison(Strict):
@@ -198,6 +205,21 @@ class CeilingContract(ContractHead):
         names = {t.name for t in self.targets}
         if self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not a target")
+        by_name = {t.name: t for t in self.targets}
+        grouped: list[str] = []
+        for index, group in enumerate(self.load.together):
+            unknown = [name for name in group if name not in by_name]
+            if unknown:
+                raise ValueError(f"load.together.{index}: {', '.join(unknown)} not a target")
+            hosts = [by_name[name].server for name in group]
+            if len(set(hosts)) < len(hosts):
+                raise ValueError(
+                    f"load.together.{index}: targets share a server, so its CPU could not "
+                    "be told apart"
+                )
+            grouped += group
+        if len(set(grouped)) < len(grouped):
+            raise ValueError("load.together: a target is in more than one group")
         for index, comparison in enumerate(self.comparisons):
             for side in (comparison.target, comparison.baseline):
                 if side not in names:
@@ -431,12 +453,77 @@ def measure(
 # --- the run ---------------------------------------------------------------------------
 
 
+def measure_together(
+    targets: Sequence[CeilingTarget],
+    servers: dict[str, Served],
+    load: CeilingLoad,
+    concurrency: int,
+    spans: Callable[[], int] | None = None,
+) -> list[dict[str, Any]]:
+    """A group of targets at one level, all at once, each charged its own server's CPU
+    over the same window. The spans a span receiver took over it are the group's
+    (``group_spans`` on each row): the receiver cannot tell the servers apart."""
+    count = load.count_for(concurrency)
+
+    async def drive_all() -> list[list[StreamRecord]]:
+        return await asyncio.gather(
+            *(
+                drive(
+                    t.protocol,
+                    servers[t.server].endpoints.url(t.protocol),
+                    t.model,
+                    load,
+                    concurrency,
+                    count,
+                )
+                for t in targets
+            )
+        )
+
+    spans_before = spans() if spans is not None else 0
+    with RoundWatch(quiet_window_s=load.quiet_window_s) as watch:
+        before = [cpu_seconds(servers[t.server].roles) for t in targets]
+        records = asyncio.run(drive_all())
+        time.sleep(load.settle_s)
+        after = [cpu_seconds(servers[t.server].roles) for t in targets]
+    assert watch.sample is not None
+    noise = watch.sample.model_dump()
+    noisy = is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share)
+    results = []
+    for mine, start, end in zip(records, before, after, strict=True):
+        result = summarize(mine, {role: end[role] - start.get(role, 0.0) for role in end})
+        if spans is not None:
+            result["group_spans"] = spans() - spans_before
+        results.append(
+            result | {"together": [t.name for t in targets], "noise": noise, "noisy": noisy}
+        )
+    return results
+
+
+def measuring_units(contract: CeilingContract) -> list[list[CeilingTarget]]:
+    """What a round measures, in the contract's order: each ``load.together`` group (at
+    its first target's place) and every other target on its own."""
+    by_name = {t.name: t for t in contract.targets}
+    group_of = {name: tuple(group) for group in contract.load.together for name in group}
+    units: list[list[CeilingTarget]] = []
+    seen: set[tuple[str, ...]] = set()
+    for target in contract.targets:
+        group = group_of.get(target.name)
+        if group is None:
+            units.append([target])
+        elif group not in seen:
+            seen.add(group)
+            units.append([by_name[name] for name in group])
+    return units
+
+
 def run_rounds(
     contract: CeilingContract,
     servers: dict[str, Served],
     spans: Callable[[], int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every level: each round runs every target once, the targets' order rotated."""
+    """Every level: each round measures every target once (a ``load.together`` group at
+    once), the order rotated."""
     load, rows = contract.load, []
     for target in contract.targets:  # warm-up: every path once before measuring
         if load.warmup_requests:
@@ -445,26 +532,32 @@ def run_rounds(
     time.sleep(load.settle_s)  # what the warm-up left behind is charged to no measurement
     for concurrency in load.concurrency:
         for round_index in range(load.rounds):
-            for target in rotated(contract.targets, round_index):
-                if not target.runs_at(concurrency):
+            for unit in rotated(measuring_units(contract), round_index):
+                unit = [target for target in unit if target.runs_at(concurrency)]
+                if not unit:
                     continue
-                result = measure(target, servers[target.server], load, concurrency, spans)
-                rows.append(
-                    {
-                        "target": target.name,
-                        "server": target.server,
-                        "concurrency": concurrency,
-                        "round": round_index,
-                    }
-                    | result
-                )
-                print(
-                    f"c={concurrency} round {round_index} {target.name}: "
-                    f"{result['tokens_per_s']:.0f} tok/s, server "
-                    f"{result['server_cpu_us_per_token'] or 0:.0f} µs/token, "
-                    f"errors {result['errors']}",
-                    flush=True,
-                )
+                if len(unit) == 1:
+                    [target] = unit
+                    results = [measure(target, servers[target.server], load, concurrency, spans)]
+                else:
+                    results = measure_together(unit, servers, load, concurrency, spans)
+                for target, result in zip(unit, results, strict=True):
+                    rows.append(
+                        {
+                            "target": target.name,
+                            "server": target.server,
+                            "concurrency": concurrency,
+                            "round": round_index,
+                        }
+                        | result
+                    )
+                    print(
+                        f"c={concurrency} round {round_index} {target.name}: "
+                        f"{result['tokens_per_s']:.0f} tok/s, server "
+                        f"{result['server_cpu_us_per_token'] or 0:.0f} µs/token, "
+                        f"errors {result['errors']}",
+                        flush=True,
+                    )
     return rows
 
 

@@ -11,6 +11,7 @@ from tritonforge.bench.ceiling import (
     RECEIVER_URL,
     ServerSetup,
     load_ceiling_contract,
+    measuring_units,
     server_env,
     verdicts,
     wants_receiver,
@@ -51,6 +52,37 @@ def test_a_contract_without_servers_has_the_one_default_server() -> None:
 def test_an_inconsistent_contract_is_refused_naming_the_field(override: str, message: str) -> None:
     with pytest.raises(ContractError, match=message):
         load_ceiling_contract(CONTRACT, [override])
+
+
+@pytest.mark.parametrize(
+    ("together", "message"),
+    [
+        ("[[grpc-off, nobody]]", r"load\.together\.0: nobody not a target"),
+        ("[[grpc-off, chat-off]]", r"load\.together\.0: targets share a server"),
+        ("[[grpc-off, grpc-on-1], [grpc-on-1, chat-on-100]]", "in more than one group"),
+    ],
+)
+def test_a_group_measured_together_needs_known_targets_on_servers_of_their_own(
+    together: str, message: str
+) -> None:
+    with pytest.raises(ContractError, match=message):
+        load_ceiling_contract(CONTRACT, [f"load.together={together}"])
+
+
+def test_a_group_is_measured_at_once_in_its_first_targets_place() -> None:
+    contract = load_ceiling_contract(
+        CONTRACT, ["load.together=[[grpc-off, grpc-on-100, grpc-on-1], [chat-on-1, chat-off]]"]
+    )
+    units = [[t.name for t in unit] for unit in measuring_units(contract)]
+    assert units == [
+        ["chat-on-1", "chat-off"],
+        ["chat-on-100"],
+        ["grpc-off", "grpc-on-100", "grpc-on-1"],
+    ]
+    alone = load_ceiling_contract(CONTRACT)
+    assert [[t.name for t in unit] for unit in measuring_units(alone)] == [
+        [t.name] for t in alone.targets
+    ]
 
 
 def test_a_server_no_target_runs_on_is_refused() -> None:
