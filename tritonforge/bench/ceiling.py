@@ -423,46 +423,17 @@ class Served:
 
 
 def measure(
-    target: CeilingTarget,
-    served: Served,
-    load: CeilingLoad,
-    concurrency: int,
-    spans: Callable[[], int] | None = None,
-) -> dict[str, Any]:
-    """One target at one level: the requests, the CPU deltas and the foreign share
-    (and, with a span receiver, the spans it received over the level and its settling)."""
-    count = load.count_for(concurrency)
-    url = served.endpoints.url(target.protocol)
-    roles = served.roles
-    spans_before = spans() if spans is not None else 0
-    with RoundWatch(quiet_window_s=load.quiet_window_s) as watch:
-        before = cpu_seconds(roles)
-        records = asyncio.run(drive(target.protocol, url, target.model, load, concurrency, count))
-        time.sleep(load.settle_s)
-        after = cpu_seconds(roles)
-    cpu = {role: after[role] - before.get(role, 0.0) for role in after}
-    result = summarize(records, cpu)
-    if spans is not None:
-        result["spans"] = spans() - spans_before
-    assert watch.sample is not None
-    result["noise"] = watch.sample.model_dump()
-    result["noisy"] = is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share)
-    return result
-
-
-# --- the run ---------------------------------------------------------------------------
-
-
-def measure_together(
     targets: Sequence[CeilingTarget],
     servers: dict[str, Served],
     load: CeilingLoad,
     concurrency: int,
     spans: Callable[[], int] | None = None,
 ) -> list[dict[str, Any]]:
-    """A group of targets at one level, all at once, each charged its own server's CPU
-    over the same window. The spans a span receiver took over it are the group's
-    (``group_spans`` on each row): the receiver cannot tell the servers apart."""
+    """One target, or a ``load.together`` group all at once, at one level: each target's
+    requests and its own server's CPU deltas over the same window, and the foreign share.
+    With a span receiver, the spans it took over the level and its settling: ``spans`` of
+    a target measured alone, ``group_spans`` of a group (the receiver cannot tell the
+    servers apart)."""
     count = load.count_for(concurrency)
 
     async def drive_all() -> list[list[StreamRecord]]:
@@ -487,17 +458,18 @@ def measure_together(
         time.sleep(load.settle_s)
         after = [cpu_seconds(servers[t.server].roles) for t in targets]
     assert watch.sample is not None
-    noise = watch.sample.model_dump()
-    noisy = is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share)
-    results = []
-    for mine, start, end in zip(records, before, after, strict=True):
-        result = summarize(mine, {role: end[role] - start.get(role, 0.0) for role in end})
-        if spans is not None:
-            result["group_spans"] = spans() - spans_before
-        results.append(
-            result | {"together": [t.name for t in targets], "noise": noise, "noisy": noisy}
-        )
-    return results
+    shared: dict[str, Any] = {
+        "noise": watch.sample.model_dump(),
+        "noisy": is_noisy(watch.sample.foreign_cpu_share_during, load.max_foreign_cpu_share),
+    }
+    if len(targets) > 1:
+        shared["together"] = [t.name for t in targets]
+    if spans is not None:
+        shared["spans" if len(targets) == 1 else "group_spans"] = spans() - spans_before
+    return [
+        summarize(mine, {role: end[role] - start.get(role, 0.0) for role in end}) | shared
+        for mine, start, end in zip(records, before, after, strict=True)
+    ]
 
 
 def measuring_units(contract: CeilingContract) -> list[list[CeilingTarget]]:
@@ -536,11 +508,7 @@ def run_rounds(
                 unit = [target for target in unit if target.runs_at(concurrency)]
                 if not unit:
                     continue
-                if len(unit) == 1:
-                    [target] = unit
-                    results = [measure(target, servers[target.server], load, concurrency, spans)]
-                else:
-                    results = measure_together(unit, servers, load, concurrency, spans)
+                results = measure(unit, servers, load, concurrency, spans)
                 for target, result in zip(unit, results, strict=True):
                     rows.append(
                         {
