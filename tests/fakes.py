@@ -138,13 +138,14 @@ class RecordingMetrics:
 
 
 class RecordingLogger:
-    """The runtime's logger: keeps error lines so a test can require there were none."""
+    """The runtime's logger: keeps its lines (a test can require there were no errors)."""
 
     def __init__(self) -> None:
+        self.infos: list[str] = []
         self.errors: list[str] = []
 
     def log_info(self, msg: str) -> None:
-        pass
+        self.infos.append(msg)
 
     def log_error(self, msg: str) -> None:
         self.errors.append(msg)

@@ -123,6 +123,13 @@ VARIABLES: tuple[Variable, ...] = (
         f"{LAUNCHER}, {SERVER}, {OPENAI}",
     ),
     Variable(
+        "TRITONFORGE_LOG_REQUESTS",
+        "0 (off)",
+        "1: one log line per request that ended — id, outcome, tokens, time to first token, "
+        "duration, trace — never its text (tritonforge/serving/request_log.py)",
+        f"{LAUNCHER}, {SERVER}, {OPENAI}",
+    ),
+    Variable(
         "OTEL_BSP_SCHEDULE_DELAY",
         "5000",
         "milliseconds between batches of spans sent (tritonforge/serving/otlp_export.py)",

@@ -27,6 +27,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.client import llm_inputs, wait_for
 from tritonforge.launch.launcher import MODEL_REPOSITORY, OpenAIFrontend, TritonServer
+from tritonforge.serving.request_log import LOG_REQUESTS_ENV
 from tritonforge.serving.tracing import ENDPOINT_ENV
 from tritonforge.trace.otlp import SpanRecord
 from tritonforge.trace.receiver import Receiver
@@ -89,6 +90,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     frontend = OpenAIFrontend.on_free_port(server.grpc_url, log_path=where / "openai.log")
     with pytest.MonkeyPatch.context() as patch:  # read by both processes as they start
         patch.setenv(ENDPOINT_ENV, receiver.url)
+        patch.setenv(LOG_REQUESTS_ENV, "1")  # the request lines the logs test reads
         patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         server.start()
         frontend.start()
@@ -207,7 +209,7 @@ def test_a_streamed_chat_is_one_trace_under_the_clients_span_with_one_request_id
     frontend_log = frontend.log_path.read_text(errors="replace")
     assert request_id in frontend_log
     wait_for(
-        lambda: request_id in traced.server_log.read_text(errors="replace"),
+        lambda: f"request {request_id}: finished" in traced.server_log.read_text(errors="replace"),
         10,
         "the runtime's line",
     )

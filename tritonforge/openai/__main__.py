@@ -33,8 +33,8 @@ def default_metrics_url(triton_grpc: str) -> str:
 
 
 def _log_requests(level: str) -> None:
-    """Print the frontend's own lines (a traced request's id, status and trace) as
-    uvicorn prints its own."""
+    """Print the frontend's own lines (with ``TRITONFORGE_LOG_REQUESTS``, a line per
+    request: its id, status and trace) as uvicorn prints its own."""
     logger = logging.getLogger("tritonforge.openai")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))

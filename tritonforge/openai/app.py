@@ -77,6 +77,7 @@ from tritonforge.openai.responses import (
 from tritonforge.openai.tools import ToolCall, ToolPlan
 from tritonforge.openai.translate import ModelOutput, ResponseIds, TritonRequest, Usage
 from tritonforge.openai.triton_client import TritonGateway, TritonStream
+from tritonforge.serving.request_log import log_requests_from_env
 
 T = TypeVar("T")
 B = TypeVar("B", bound=BaseModel)
@@ -683,7 +684,11 @@ def create_app(
 
     app = FastAPI(title="tritonforge OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
-    app.add_middleware(request_context.RequestContextMiddleware, tracer=tracer)
+    app.add_middleware(
+        request_context.RequestContextMiddleware,
+        tracer=tracer,
+        log_requests=log_requests_from_env(),
+    )
     _answer_errors_in_openai_shape(app)
 
     async def ready_models() -> list[str]:

@@ -9,8 +9,9 @@ the client holds. A bad id is a 400 naming the header.
 A W3C ``traceparent`` header is passed on to Triton (as gRPC metadata, for Triton's
 own OpenTelemetry trace, and as a request parameter, for the model's runtime). With
 tracing configured (:class:`~tritonforge.serving.tracing.TraceSettings`) the frontend
-adds a span of its own for the request under the client's, and passes that on instead;
-one log line per traced request then names its id, status, time and trace.
+adds a span of its own for the request under the client's, and passes that on instead.
+With ``TRITONFORGE_LOG_REQUESTS`` on (:mod:`~tritonforge.serving.request_log`), one log
+line per API request names its id, status, time and, when traced, its trace.
 
 Nothing here reads a request's body: no prompt reaches a span or a log line.
 """
@@ -56,6 +57,11 @@ def current() -> RequestContext | None:
     return _CURRENT.get()
 
 
+def _is_api(scope: Scope) -> bool:
+    """An API request: health probes and metric scrapes are neither traced nor logged."""
+    return str(scope.get("path", "")).startswith("/v1/")
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
@@ -66,9 +72,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class RequestContextMiddleware:
     """Ids and trace context for every HTTP request (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, tracer: Tracer | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, tracer: Tracer | None = None, log_requests: bool = False
+    ) -> None:
         self.app = app
         self.tracer = tracer
+        self.log_requests = log_requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,21 +109,37 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             _CURRENT.reset(token)
+            ended_ns = time.time_ns()
             if traced is not None:
-                self._end_span(traced, scope, request_id, status, started_ns)
+                self._end_span(traced, scope, request_id, status, started_ns, ended_ns)
+            if self.log_requests and _is_api(scope):
+                _log.info(
+                    "request %s: %s %s -> %d in %.0f ms%s",
+                    request_id,
+                    scope.get("method", ""),
+                    scope.get("path", ""),
+                    status,
+                    (ended_ns - started_ns) / 1e6,
+                    "" if traced is None else f" (trace {traced.trace_id:032x})",
+                )
 
     def _start_span(self, scope: Scope, traceparent: str | None) -> Started | None:
-        if self.tracer is None or not str(scope.get("path", "")).startswith("/v1/"):
-            return None  # health probes and metric scrapes are not requests worth a trace
+        if self.tracer is None or not _is_api(scope):
+            return None
         return self.tracer.start(traceparent)
 
     def _end_span(
-        self, traced: Started, scope: Scope, request_id: str, status: int, started_ns: int
+        self,
+        traced: Started,
+        scope: Scope,
+        request_id: str,
+        status: int,
+        started_ns: int,
+        ended_ns: int,
     ) -> None:
         """The request's span, built whole at its end (tracing.py's reasons)."""
         assert self.tracer is not None
         method, path = str(scope.get("method", "")), str(scope.get("path", ""))
-        ended_ns = time.time_ns()
         self.tracer.batches.add(
             [
                 span(
@@ -134,15 +159,6 @@ class RequestContextMiddleware:
                     f"HTTP {status}" if status >= 500 else None,
                 )
             ]
-        )
-        _log.info(
-            "request %s: %s %s -> %d in %.0f ms (trace %032x)",
-            request_id,
-            method,
-            path,
-            status,
-            (ended_ns - started_ns) / 1e6,
-            traced.trace_id,
         )
 
     @staticmethod

@@ -52,6 +52,7 @@ from tritonforge.serving.errors import (
 )
 from tritonforge.serving.outbox import Final, Outbox, StreamPolicy
 from tritonforge.serving.request_ids import DuplicateRequestId, new_request_id
+from tritonforge.serving.request_log import request_line
 from tritonforge.serving.responses import Generation, build_outputs, merge_outputs
 from tritonforge.serving.sampling import SAMPLING_KEYS
 from tritonforge.serving.schema import GenerateRequest
@@ -223,12 +224,15 @@ class Runtime:
         response_threads: int | None = None,
         admission: Admission | None = None,
         tracer: RuntimeTracer | None = None,
+        log_requests: bool = False,
     ) -> None:
         self.engine = engine
         #: SLO-aware admission (admission.py); None: every request within max_inflight runs.
         self.admission = admission
         #: Traces requests (tracing.py); None, the default: tracing is off.
         self.tracer = tracer
+        #: One log line per request that ended (request_log.py); off by default.
+        self.log_requests = log_requests
         self.metrics = metrics
         self.logger = logger
         self.max_inflight = max_inflight
@@ -334,17 +338,20 @@ class Runtime:
         is the caller's trace context, the parent of the request's spans when traced.
         """
         request_id = request_id or new_request_id()
-        if self.tracer is None:
-            self._submit(request, channel, triton_timeout_s, request_id, None)
-            return
-        trace = self.tracer.begin(request_id, request, traceparent)
-        if trace is None:  # not sampled
-            self._submit(request, channel, triton_timeout_s, request_id, None)
-            return
+        trace = None if self.tracer is None else self.tracer.begin(request_id, request, traceparent)
         try:
-            self._submit(request, trace.channel(channel), triton_timeout_s, request_id, trace)
+            if trace is None:  # tracing off, or not sampled
+                self._submit(request, channel, triton_timeout_s, request_id, None)
+            else:
+                self._submit(request, trace.channel(channel), triton_timeout_s, request_id, trace)
         except BaseException as exc:
-            trace.refused(exc)
+            if trace is not None:
+                trace.refused(exc)
+            if self.log_requests:
+                trace_id = None if trace is None else trace.root.trace_id
+                self.logger.log_info(
+                    f"[tritonforge] {request_line(request_id, 'refused', trace_id=trace_id)}"
+                )
             raise
 
     def _submit(
@@ -494,6 +501,26 @@ class Runtime:
             entry.channel.send(tensors, final.error, True)
             if entry.trace is not None:
                 self._end_trace(entry, entry.trace, final)
+            if self.log_requests:
+                self._log_request(entry, final)
+
+    def _log_request(self, entry: _Inflight, final: Final) -> None:
+        """The request's line (request_log.py), once its FINAL response went out."""
+        record = final.record if isinstance(final.record, RequestRecord) else None
+        trace_id = None if entry.trace is None else entry.trace.root.trace_id
+        if record is None:  # it ended before the engine took it
+            line = request_line(entry.request_id, "failed", trace_id=trace_id)
+        else:
+            line = request_line(
+                entry.request_id,
+                record.outcome,
+                record.e2e_s,
+                record.prompt_tokens,
+                record.generation_tokens,
+                record.ttft_s,
+                trace_id,
+            )
+        self.logger.log_info(f"[tritonforge] {line}")
 
     @staticmethod
     def _end_trace(entry: _Inflight, trace: RequestTrace, final: Final) -> None:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
     from tritonforge.engines.base import EngineOutput
-    from tritonforge.serving.runtime import Channel, Logger
+    from tritonforge.serving.runtime import Channel
     from tritonforge.serving.schema import GenerateRequest
 
 #: The W3C header (and Triton request parameter) that carries a trace's context.
@@ -224,10 +224,9 @@ class _Clock:
 class RuntimeTracer:
     """Starts one :class:`RequestTrace` per sampled request of one model."""
 
-    def __init__(self, tracer: Tracer, model: str, logger: Logger) -> None:
+    def __init__(self, tracer: Tracer, model: str) -> None:
         self.tracer = tracer
         self.model = model
-        self.logger = logger
 
     def begin(
         self, request_id: str, request: GenerateRequest, traceparent: str | None
@@ -243,7 +242,7 @@ class RuntimeTracer:
             "gen_ai.request.max_tokens": request.sampling.max_tokens,
             "tritonforge.stream": request.stream,
         }
-        return RequestTrace(self, started, attributes, request_id)
+        return RequestTrace(self, started, attributes)
 
     def flush(self) -> None:
         """Send the spans queued so far now (tests)."""
@@ -266,12 +265,10 @@ class RequestTrace:
         tracer: RuntimeTracer,
         root: Started,
         attributes: dict[str, Any],
-        request_id: str,
     ) -> None:
         self.tracer = tracer
         self.root = root
         self.attributes = attributes
-        self.request_id = request_id
         self.clock = _Clock()
         self.submitted = time.perf_counter()
         self.sends = 0
@@ -408,9 +405,7 @@ class RequestTrace:
         if reasons:
             root["gen_ai.response.finish_reasons"] = tuple(reasons)
         ended = self.final_send[1] if self.final_send is not None else time.perf_counter()
-        self._finish(
-            spans, outcome, error, ended, prompt_tokens, output_tokens, first_token_at, started
-        )
+        self._finish(spans, outcome, error, ended)
 
     def _finish(
         self,
@@ -418,10 +413,6 @@ class RequestTrace:
         outcome: str,
         error: BaseException | None,
         ended: float,
-        prompt_tokens: int | None = None,
-        output_tokens: int = 0,
-        first_token_at: float | None = None,
-        started: float | None = None,
     ) -> None:
         with self._lock:
             if self._ended:
@@ -446,18 +437,7 @@ class RequestTrace:
                 why,
             )
         )
-        tracer = self.tracer
-        tracer.tracer.batches.add(spans)
-        ttft = ""
-        if first_token_at is not None and started is not None:
-            ttft = f", first token after {(first_token_at - self.submitted) * 1000:.0f} ms"
-        tokens = f", {prompt_tokens} prompt + {output_tokens} output tokens"
-        tracer.logger.log_info(
-            f"[tritonforge] request {self.request_id}: {outcome}"
-            f"{tokens if prompt_tokens is not None else ''}{ttft}, "
-            f"{(ended - self.submitted) * 1000:.0f} ms "
-            f"(trace {root.trace_id:032x})"
-        )
+        self.tracer.tracer.batches.add(spans)
 
 
 def finish_reasons(output: EngineOutput | None) -> list[str]:
@@ -494,15 +474,13 @@ class TracedChannel:
         return self._inner.is_cancelled()
 
 
-def runtime_tracer(
-    model: str, logger: Logger, env: Mapping[str, str] | None = None
-) -> RuntimeTracer | None:
+def runtime_tracer(model: str, env: Mapping[str, str] | None = None) -> RuntimeTracer | None:
     """The tracer of one model's runtime, or None when the environment leaves tracing off."""
     settings = TraceSettings.from_env(env)
     if not settings.enabled:
         return None
     return RuntimeTracer(
-        tracer(settings, "tritonforge-runtime", "tritonforge.serving", env=env), model, logger
+        tracer(settings, "tritonforge-runtime", "tritonforge.serving", env=env), model
     )
 
 

@@ -39,6 +39,7 @@ from tritonforge.serving.errors import DeadlineExceeded, EngineBusy, EngineUnava
 from tritonforge.serving.lora_control import AdapterControl, ControlRequest, parse_control
 from tritonforge.serving.outbox import StreamPolicy
 from tritonforge.serving.request_ids import check_request_id, new_request_id
+from tritonforge.serving.request_log import log_requests_from_env
 from tritonforge.serving.restarts import RestartLedger, RestartPolicy
 from tritonforge.serving.runtime import Runtime
 from tritonforge.serving.schema import parse_request
@@ -327,7 +328,8 @@ class LLMModel:
             shutdown_watch=watch_server(),
             stream_policy=stream_policy,
             admission=admission,
-            tracer=runtime_tracer(args["model_name"], pb_utils.Logger),
+            tracer=runtime_tracer(args["model_name"]),
+            log_requests=log_requests_from_env(),
         )
         self.runtime.start()
         self.metrics.size_by_context(engine.max_context)

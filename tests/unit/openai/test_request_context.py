@@ -39,9 +39,14 @@ async def broken(_request: Request) -> Response:
     return JSONResponse({"error": "model is busy"}, status_code=503)
 
 
-def _app(with_tracer: Tracer | None = None) -> TestClient:
-    routes = [Route("/v1/echo", echo, methods=["POST"]), Route("/v1/busy", broken)]
-    return TestClient(RequestContextMiddleware(Starlette(routes=routes), with_tracer))
+def _app(with_tracer: Tracer | None = None, log_requests: bool = False) -> TestClient:
+    routes = [
+        Route("/v1/echo", echo, methods=["POST"]),
+        Route("/v1/busy", broken),
+        Route("/health/ready", broken),
+    ]
+    app = RequestContextMiddleware(Starlette(routes=routes), with_tracer, log_requests)
+    return TestClient(app)
 
 
 @pytest.fixture
@@ -80,10 +85,13 @@ def test_tracing_off_passes_the_clients_traceparent_on(client: TestClient) -> No
     assert reply.json()["traceparent"] == TRACEPARENT
 
 
-def test_tracing_on_passes_its_own_span_on_under_the_clients() -> None:
+def test_tracing_on_passes_its_own_span_on_under_the_clients(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="tritonforge.openai")
     bodies: list[bytes] = []
     frontend = tracer(TraceSettings("http://unused", 1.0), "test", "t", bodies.append, env={})
-    with _app(frontend) as client:
+    with _app(frontend, log_requests=True) as client:
         reply = client.post(
             "/v1/echo", headers={"traceparent": TRACEPARENT, "X-Request-Id": "abc-t"}
         )
@@ -95,6 +103,8 @@ def test_tracing_on_passes_its_own_span_on_under_the_clients() -> None:
     assert span.attributes["tritonforge.request_id"] == "abc-t"
     assert span.attributes["http.response.status_code"] == 200
     assert span.name == "POST /v1/echo" and span.error is None
+    assert "request abc-t: POST /v1/echo -> 200 in " in caplog.text
+    assert f"(trace {CLIENT_TRACE})" in caplog.text  # the line names the request's trace
 
 
 def test_a_triton_call_carries_the_id_and_the_trace_context() -> None:
@@ -107,3 +117,25 @@ def test_a_triton_call_carries_the_id_and_the_trace_context() -> None:
     assert triton_call_settings(RequestContext("abc-10")) == {"request_id": "abc-10"}
     assert metadata(RequestContext("abc-10")) is None
     assert triton_call_settings(None) == {} and metadata(None) is None
+
+
+def test_request_lines_are_off_unless_turned_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="tritonforge.openai")
+    with _app() as quiet:
+        quiet.post("/v1/echo", headers={"X-Request-Id": "unlogged"})
+    assert "unlogged" not in caplog.text
+
+
+def test_on_each_api_request_has_one_line_with_its_id_and_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="tritonforge.openai")
+    with _app(log_requests=True) as logged:
+        logged.post("/v1/echo", headers={"X-Request-Id": "logged-1"})
+        logged.get("/v1/busy", headers={"X-Request-Id": "logged-2"})
+        logged.get("/health/ready", headers={"X-Request-Id": "probe-1"})
+    [ok] = [r.getMessage() for r in caplog.records if "logged-1" in r.getMessage()]
+    [busy] = [r.getMessage() for r in caplog.records if "logged-2" in r.getMessage()]
+    assert ok.startswith("request logged-1: POST /v1/echo -> 200 in ") and "trace" not in ok
+    assert "GET /v1/busy -> 503" in busy
+    assert "probe-1" not in caplog.text  # health probes are not requests worth a line

@@ -59,11 +59,7 @@ class Kept:
 
 def runtime_tracer_keeping(exporter: Kept) -> RuntimeTracer:
     settings = TraceSettings("http://unused", 1.0)
-    return RuntimeTracer(
-        tracer(settings, "test", "tritonforge.serving", exporter, env={}),
-        "m",
-        fakes.RecordingLogger(),
-    )
+    return RuntimeTracer(tracer(settings, "test", "tritonforge.serving", exporter, env={}), "m")
 
 
 @pytest.fixture
@@ -220,11 +216,8 @@ def test_a_caller_that_did_not_sample_its_trace_gets_no_spans(
 
 
 def test_tracing_is_off_unless_an_endpoint_is_configured() -> None:
-    logger = fakes.RecordingLogger()
-    assert runtime_tracer("m", logger, {}) is None
-    assert (
-        runtime_tracer("m", logger, {ENDPOINT_ENV: "http://x/v1/traces", SAMPLING_ENV: "0"}) is None
-    )
+    assert runtime_tracer("m", {}) is None
+    assert runtime_tracer("m", {ENDPOINT_ENV: "http://x/v1/traces", SAMPLING_ENV: "0"}) is None
     assert TraceSettings.from_env({OTEL_ENDPOINT_ENV: "http://y/v1/traces"}).enabled
 
 

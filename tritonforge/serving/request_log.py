@@ -1,0 +1,54 @@
+"""One log line per request that ended: off unless ``TRITONFORGE_LOG_REQUESTS`` turns it on.
+
+Off by default, as vLLM's own request log is: in a model's stub a line crosses from the
+stub to tritonserver through python_backend's logger, a round trip per line that costs
+a request more than its whole trace does (perf/results/log-line). Failures are
+logged whatever this says, each with its request's id.
+
+A line names the request's id, how it ended, its token counts, its time to first token
+and its duration, and its trace when it is traced; never its prompt or output text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from tritonforge.serving.errors import RequestError
+
+LOG_REQUESTS_ENV = "TRITONFORGE_LOG_REQUESTS"
+
+_ON = {"1", "true", "yes", "on"}
+_OFF = {"", "0", "false", "no", "off"}
+
+
+def log_requests_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process writes a line per request (a bad value names the variable)."""
+    raw = (os.environ if env is None else env).get(LOG_REQUESTS_ENV, "").strip().lower()
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise RequestError(LOG_REQUESTS_ENV, f"must be 1 or 0 (true/false, on/off), got {raw!r}")
+
+
+def request_line(
+    request_id: str,
+    outcome: str,
+    e2e_s: float | None = None,
+    prompt_tokens: int | None = None,
+    output_tokens: int | None = None,
+    ttft_s: float | None = None,
+    trace_id: int | None = None,
+) -> str:
+    """``request <id>: <outcome>, <p> prompt + <o> output tokens, first token after <t> ms,
+    <d> ms (trace <id>)``, each part only when it is known (a refused request: none)."""
+    parts = [f"request {request_id}: {outcome}"]
+    if prompt_tokens is not None:
+        parts.append(f"{prompt_tokens} prompt + {output_tokens or 0} output tokens")
+    if ttft_s is not None:
+        parts.append(f"first token after {ttft_s * 1000:.0f} ms")
+    if e2e_s is not None:
+        parts.append(f"{e2e_s * 1000:.0f} ms")
+    line = ", ".join(parts)
+    return line if trace_id is None else f"{line} (trace {trace_id:032x})"
