@@ -11,9 +11,12 @@ line's way to tritonserver is not in here, see ``log_line``),
 and, over all threads, what the process spent per request once every span was exported
 (``process``: the parts above plus the spans' encoding and HTTP export on the export
 thread). Each commit's code runs from a git worktree of its own in a fresh process, the
-commits' order rotated every round; per round, the foreign CPU share.
+commits' order rotated every round; per round, the foreign CPU share. With ``--every N``
+one request in N has a sampled parent and the others an unsampled one, so the figures
+are a request's average at that sampling (an untraced request costs only ``begin``).
 
     python -m tritonforge.bench.probes.tracing_parts --rounds 3 1556f91 HEAD
+    python -m tritonforge.bench.probes.tracing_parts --rounds 3 --every 100 HEAD
 
 Writes ``perf/results/tracing-parts/<UTC timestamp>/results.json``.
 """
@@ -68,12 +71,17 @@ request = parse_request({
     "sampling_parameters": np.array([sampling], dtype=np.object_),
 })
 output = EngineOutput(text="", token_ids=[], finish_reason="length")
-traceparent = load["traceparent"]
+sampled = load["traceparent"]
+unsampled = sampled[:-2] + "00"  # the same caller, its trace not sampled
 
 def one(index, parts):
+    traceparent = sampled if index % load["every"] == 0 else unsampled
     t0 = time.thread_time()
     trace = tracer.begin(f"req-{index}", request, traceparent)
     t1 = time.thread_time()
+    if trace is None:  # not sampled: the request goes on as an untraced one
+        parts[0] += t1 - t0
+        return
     channel = trace.channel(Channel())
     channel.send(None, None, False)
     channel.send(None, None, False)
@@ -116,7 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("commits", nargs="+", help="commits (or refs) to measure")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=5000, help="traced requests a probe")
+    parser.add_argument("--requests", type=int, default=5000, help="requests a probe")
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="one request in this many has a sampled parent, the others an unsampled one "
+        "(100: 1 %% sampling as the frontend decides it); default 1, every request traced",
+    )
     opts = parser.parse_args(argv)
     commits = [git("rev-parse", "--short", ref) for ref in opts.commits]
     receiver = subprocess.Popen(
@@ -129,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = receiver.stdout.readline().split()[-1]  # "receiving traces at <url>"
         load = {
             "requests": opts.requests,
+            "every": opts.every,
             "warmup": 500,
             # the OpenAI frontend's span as the parent, as a chat request has it
             "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -146,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     for commit in commits:
         rows = [r for r in record["rows"] if r["commit"] == commit]
         total = [r["process_us"] for r in rows]
-        print(f"{commit}: {min(total)}–{max(total)} µs of process CPU a traced request")
+        print(f"{commit}: {min(total)}–{max(total)} µs of process CPU a request")
     save(record, "tracing-parts")
 
 
