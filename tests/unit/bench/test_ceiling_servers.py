@@ -25,7 +25,7 @@ CONTRACT = Path(__file__).resolve().parents[3] / "perf" / "contracts" / "tracing
 def test_the_tracing_cost_contract_gives_each_tracing_setting_a_server() -> None:
     contract = load_ceiling_contract(CONTRACT)
     by_name = {s.name: s for s in contract.servers}
-    assert by_name["tracing-off"].env == {}
+    assert by_name["tracing-off"].env == {} == by_name["tracing-off-b"].env  # the pair
     assert by_name["tracing-1"].env["TRITONFORGE_TRACE_SAMPLING"] == "0.01"
     assert {t.server for t in contract.targets} == set(by_name)
     assert wants_receiver(contract.servers)
@@ -78,6 +78,8 @@ def test_a_group_is_measured_at_once_in_its_first_targets_place() -> None:
         ["chat-on-1", "chat-off"],
         ["chat-on-100"],
         ["grpc-off", "grpc-on-100", "grpc-on-1"],
+        ["chat-off-b"],
+        ["grpc-off-b"],
     ]
     alone = load_ceiling_contract(CONTRACT)
     assert [[t.name for t in unit] for unit in measuring_units(alone)] == [
@@ -86,7 +88,10 @@ def test_a_group_is_measured_at_once_in_its_first_targets_place() -> None:
 
 
 def test_a_server_no_target_runs_on_is_refused() -> None:
-    spare = "servers=[{name: tracing-off}, {name: tracing-100}, {name: tracing-1}, {name: b}]"
+    spare = (
+        "servers=[{name: tracing-off}, {name: tracing-off-b}, {name: tracing-100},"
+        " {name: tracing-1}, {name: b}]"
+    )
     with pytest.raises(ContractError, match="servers: b serve no target"):
         load_ceiling_contract(CONTRACT, [spare])
 
