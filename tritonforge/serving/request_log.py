@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tritonforge.serving.errors import RequestError
+
+if TYPE_CHECKING:
+    from tritonforge.serving.runtime import RequestRecord
 
 LOG_REQUESTS_ENV = "TRITONFORGE_LOG_REQUESTS"
 
@@ -33,22 +37,16 @@ def log_requests_from_env(env: Mapping[str, str] | None = None) -> bool:
 
 
 def request_line(
-    request_id: str,
-    outcome: str,
-    e2e_s: float | None = None,
-    prompt_tokens: int | None = None,
-    output_tokens: int | None = None,
-    ttft_s: float | None = None,
-    trace_id: int | None = None,
+    request_id: str, outcome: str, record: RequestRecord | None = None, trace_id: int | None = None
 ) -> str:
     """``request <id>: <outcome>, <p> prompt + <o> output tokens, first token after <t> ms,
-    <d> ms (trace <id>)``, each part only when it is known (a refused request: none)."""
+    <d> ms (trace <id>)``; the counts and times come from the request's metrics record,
+    when it has one (a refused request has none)."""
     parts = [f"request {request_id}: {outcome}"]
-    if prompt_tokens is not None:
-        parts.append(f"{prompt_tokens} prompt + {output_tokens or 0} output tokens")
-    if ttft_s is not None:
-        parts.append(f"first token after {ttft_s * 1000:.0f} ms")
-    if e2e_s is not None:
-        parts.append(f"{e2e_s * 1000:.0f} ms")
+    if record is not None:
+        parts.append(f"{record.prompt_tokens} prompt + {record.generation_tokens} output tokens")
+        if record.ttft_s is not None:
+            parts.append(f"first token after {record.ttft_s * 1000:.0f} ms")
+        parts.append(f"{record.e2e_s * 1000:.0f} ms")
     line = ", ".join(parts)
     return line if trace_id is None else f"{line} (trace {trace_id:032x})"

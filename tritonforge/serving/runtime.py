@@ -348,10 +348,7 @@ class Runtime:
             if trace is not None:
                 trace.refused(exc)
             if self.log_requests:
-                trace_id = None if trace is None else trace.root.trace_id
-                self.logger.log_info(
-                    f"[tritonforge] {request_line(request_id, 'refused', trace_id=trace_id)}"
-                )
+                self._log_request(request_id, trace, "refused")
             raise
 
     def _submit(
@@ -502,25 +499,20 @@ class Runtime:
             if entry.trace is not None:
                 self._end_trace(entry, entry.trace, final)
             if self.log_requests:
-                self._log_request(entry, final)
+                record = final.record if isinstance(final.record, RequestRecord) else None
+                outcome = "failed" if record is None else record.outcome  # None: before the engine
+                self._log_request(entry.request_id, entry.trace, outcome, record)
 
-    def _log_request(self, entry: _Inflight, final: Final) -> None:
-        """The request's line (request_log.py), once its FINAL response went out."""
-        record = final.record if isinstance(final.record, RequestRecord) else None
-        trace_id = None if entry.trace is None else entry.trace.root.trace_id
-        if record is None:  # it ended before the engine took it
-            line = request_line(entry.request_id, "failed", trace_id=trace_id)
-        else:
-            line = request_line(
-                entry.request_id,
-                record.outcome,
-                record.e2e_s,
-                record.prompt_tokens,
-                record.generation_tokens,
-                record.ttft_s,
-                trace_id,
-            )
-        self.logger.log_info(f"[tritonforge] {line}")
+    def _log_request(
+        self,
+        request_id: str,
+        trace: RequestTrace | None,
+        outcome: str,
+        record: RequestRecord | None = None,
+    ) -> None:
+        """The request's line (request_log.py), once it has ended."""
+        trace_id = None if trace is None else trace.root.trace_id
+        self.logger.log_info(f"[tritonforge] {request_line(request_id, outcome, record, trace_id)}")
 
     @staticmethod
     def _end_trace(entry: _Inflight, trace: RequestTrace, final: Final) -> None:

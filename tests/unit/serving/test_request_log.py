@@ -16,7 +16,7 @@ from tests.unit.serving.test_tracing import (
 )
 from tritonforge.serving.errors import RequestError
 from tritonforge.serving.request_log import LOG_REQUESTS_ENV, log_requests_from_env, request_line
-from tritonforge.serving.runtime import Runtime
+from tritonforge.serving.runtime import RequestRecord, Runtime
 
 
 @pytest.mark.parametrize("value", ["1", "true", "ON", " yes "])
@@ -38,7 +38,15 @@ def test_a_value_that_is_neither_on_nor_off_names_the_variable() -> None:
 
 def test_a_line_says_only_what_is_known() -> None:
     assert request_line("r1", "refused") == "request r1: refused"
-    assert request_line("r2", "finished", 0.0874, 46, 8, 0.0161, 0xAB) == (
+    record = RequestRecord(
+        prompt_tokens=46,
+        generation_tokens=8,
+        e2e_s=0.0874,
+        ttft_s=0.0161,
+        tpot_s=None,
+        outcome="finished",
+    )
+    assert request_line("r2", "finished", record, 0xAB) == (
         "request r2: finished, 46 prompt + 8 output tokens, first token after 16 ms, 87 ms "
         f"(trace {0xAB:032x})"
     )
