@@ -690,6 +690,13 @@ def create_app(
         log_requests=log_requests_from_env(),
     )
     _answer_errors_in_openai_shape(app)
+    _add_probe_routes(app, gateway, triton_metrics)
+    _add_api_routes(app, server, gateway)
+    return app
+
+
+def _add_probe_routes(app: FastAPI, gateway: TritonGateway, triton_metrics: str | None) -> None:
+    """Health probes and the metrics scrape: what a load balancer and Prometheus call."""
 
     async def ready_models() -> list[str]:
         """The models this frontend serves that are ready now; 503 while there are none.
@@ -723,6 +730,10 @@ def create_app(
         if triton_metrics is None:
             raise unavailable("this frontend was started without --triton-metrics")
         return Response(await scrape(triton_metrics), media_type=PROMETHEUS_TEXT)
+
+
+def _add_api_routes(app: FastAPI, server: OpenAIServer, gateway: TritonGateway) -> None:
+    """The OpenAI API's routes (and vLLM's LoRA adapter routes beside them)."""
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -763,5 +774,3 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await server.generate(request, "completion")
-
-    return app
